@@ -1,0 +1,47 @@
+# The two set-up commands for a fresh machine: `make demo` and `make test`.
+# Each creates the virtualenv in $(VENV) if missing and installs what it needs.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Versions the backend matrix is tested with (torch 2.13.0 CPU).
+BACKEND_PACKAGES := torch==2.13.0 jax==0.10.2
+# pytest exits 5 when it collects no test; that is not a failure here.
+PYTEST = $(PY) -m pytest -p no:cacheprovider
+
+.PHONY: demo test test-tensorflow test-backends lint benchmark clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test,demo]"
+	touch $@
+
+$(VENV)/.backends: $(VENV)/.installed
+	$(PY) -m pip install -q $(BACKEND_PACKAGES)
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) examples/digits_comparison.py --plot results/digits_comparison.png
+
+test: lint test-tensorflow test-backends
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test-tensorflow: $(VENV)/.installed
+	KERAS_BACKEND=tensorflow $(PYTEST) tests || [ $$? -eq 5 ]
+
+# The optimizers are written with keras.ops only: run them on JAX and torch.
+test-backends: $(VENV)/.backends
+	for backend in jax torch; do \
+		KERAS_BACKEND=$$backend $(PYTEST) tests/optimizers tests/callbacks \
+			|| [ $$? -eq 5 ] || exit 1; \
+	done
+
+benchmark: $(VENV)/.installed
+	$(PY) benchmarks/optimizer_step_time.py
+
+clean:
+	rm -rf $(VENV) results

@@ -1,0 +1,85 @@
+"""Evaluating with ASGD's averaged weights during `fit`."""
+
+import keras
+
+
+def _averaging_optimizer(model):
+    optimizer = getattr(model, "optimizer", None)
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+    if not hasattr(optimizer, "swap_averaged_weights"):
+        raise ValueError(
+            "`SwapAveragedWeights` needs a model compiled with an averaging "
+            "optimizer such as `keras_thor.optimizers.ASGD`. "
+            f"Received: optimizer={optimizer!r}"
+        )
+    return optimizer
+
+
+class SwapAveragedWeights(keras.callbacks.Callback):
+    """Swaps in the optimizer's averaged weights for evaluation.
+
+    The ASGD counterpart of `keras.callbacks.SwapEMAWeights`: validation
+    during `fit`, `evaluate` and `predict` see the averaged weights `ax`,
+    and training resumes from the trained weights afterwards. The swap is an
+    exact exchange (no arithmetic on the values).
+
+    With `swap_on_epoch=True` the averaged weights are also in the model
+    between `on_epoch_end` and the next `on_epoch_begin`, so callbacks placed
+    after this one (e.g. `keras.callbacks.ModelCheckpoint`) see them. At the
+    end of training the trained weights are put back; use
+    `ASGD(finalize_with_average=True)` to end with the averages instead.
+
+    Args:
+        swap_on_epoch: Boolean. Whether to keep the averaged weights in the
+            model between epochs as well. Defaults to `False`.
+
+    Example:
+
+    ```python
+    model.compile(optimizer=keras_thor.optimizers.ASGD(t0=100), loss="mse")
+    model.fit(x, y, validation_data=(x_val, y_val),
+              callbacks=[keras_thor.callbacks.SwapAveragedWeights()])
+    ```
+    """
+
+    def __init__(self, swap_on_epoch=False):
+        super().__init__()
+        if not isinstance(swap_on_epoch, bool):
+            raise TypeError(
+                "Argument `swap_on_epoch` must be a boolean. "
+                f"Received: swap_on_epoch={swap_on_epoch!r}"
+            )
+        self.swap_on_epoch = swap_on_epoch
+
+    def _set_averaged(self, averaged):
+        optimizer = _averaging_optimizer(self.model)
+        if not optimizer.built:
+            return
+        if optimizer.averaged_weights_in_model != averaged:
+            optimizer.swap_averaged_weights()
+
+    def on_train_begin(self, logs=None):
+        _averaging_optimizer(self.model)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._set_averaged(False)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.swap_on_epoch:
+            self._set_averaged(True)
+
+    def on_train_end(self, logs=None):
+        self._set_averaged(False)
+
+    def on_test_begin(self, logs=None):
+        self._set_averaged(True)
+
+    def on_test_end(self, logs=None):
+        if not self.swap_on_epoch:
+            self._set_averaged(False)
+
+    def on_predict_begin(self, logs=None):
+        self._set_averaged(True)
+
+    def on_predict_end(self, logs=None):
+        self._set_averaged(False)

@@ -1,0 +1,274 @@
+"""Stochastic average gradient, as `paddle.optimizer.ASGD`."""
+
+import warnings
+
+import keras
+from keras import ops
+
+from keras_thor.src.api_export import keras_thor_export
+from keras_thor.src.backend.fusion import fused
+from keras_thor.src.backend.memory_update import assign_row
+from keras_thor.src.backend.memory_update import read_row
+from keras_thor.src.optimizers.docstrings import with_base_keyword_args
+from keras_thor.src.optimizers.finite import if_finite
+from keras_thor.src.optimizers.finite import is_finite
+from keras_thor.src.utils import validation
+
+_LOW_PRECISION = ("float16", "bfloat16")
+
+
+def sag_gradient_sum(gradient_sum, stored_gradient, gradient):
+    """`d - y_i + g`: the sum of the most recent gradient of every slot."""
+    return gradient_sum - stored_gradient + gradient
+
+
+def sag_parameter_update(variable, gradient_sum, learning_rate, slots_filled):
+    """`x - (lr / n) * d`, with `n = min(m + 1, batch_num)` slots filled."""
+    return variable - (learning_rate / slots_filled) * gradient_sum
+
+
+def sag_update(
+    weights,
+    gradient,
+    gradient_sum,
+    stored,
+    learning_rate,
+    slots_filled,
+    weight_decay,
+):
+    """One Paddle SAG step of one variable.
+
+    Returns `(new_gradient_sum, new_stored_gradient, new_weights)`;
+    `weight_decay` is a Python float. A gradient with a non-finite entry
+    leaves all three unchanged.
+    """
+
+    def updated():
+        decayed = (
+            gradient + weight_decay * weights if weight_decay else gradient
+        )
+        new_sum = sag_gradient_sum(gradient_sum, stored, decayed)
+        new_weights = sag_parameter_update(
+            weights, new_sum, learning_rate, slots_filled
+        )
+        return new_sum, decayed, new_weights
+
+    def unchanged():
+        return ops.copy(gradient_sum), ops.copy(stored), ops.copy(weights)
+
+    return if_finite(is_finite(gradient), updated, unchanged)
+
+
+_fused_sag_update = fused(sag_update)
+
+
+@keras_thor_export
+@with_base_keyword_args
+class SAG(keras.optimizers.Optimizer):
+    """Stochastic average gradient (`paddle.optimizer.ASGD` semantics).
+
+    Paddle calls this optimizer ASGD; it is the stochastic average gradient
+    method of Schmidt, Le Roux and Bach, not averaged SGD (for that, see
+    `keras_thor.optimizers.ASGD`). It keeps the last gradient seen in each
+    of `batch_num` slots and steps along their mean.
+
+    Update rule for step `m = 0, 1, ...` (`d = 0`, `y_i = 0`):
+
+    ```
+    g = grad + weight_decay * x
+    i = m % batch_num
+    d = d - y_i + g
+    y_i = g
+    x = x - lr / min(m + 1, batch_num) * d
+    ```
+
+    Notation:
+        - `x`: a trainable variable; `grad`: its (clipped) gradient.
+        - `lr`: `learning_rate`; `weight_decay`, `batch_num`: the arguments.
+        - `d`: the sum of the stored gradients; `y`: the `batch_num` stored
+          gradients (a ring buffer); `m`: the optimizer's step counter.
+
+    Slot `i` holds the gradient of batch `i` only when batches come in a
+    fixed cyclic order of `batch_num` batches (`fit(..., shuffle=False)` on a
+    dataset of `batch_num` batches); otherwise each slot holds one of the
+    `batch_num` most recent gradients.
+
+    The weight-decay term enters the stored gradients, which is what Paddle's
+    code does (`weight_decay` becomes an L2 regularizer added to the gradient
+    before the optimizer op). Paddle's docstring formula instead adds
+    `lr * weight_decay * x` outside the average; the two agree only for
+    `batch_num=1`. `exclude_from_weight_decay()` applies to this term.
+
+    Memory: `batch_num + 1` extra copies of every trainable variable (`y` and
+    `d`), plus a float32 master copy per float16/bfloat16 variable when
+    `multi_precision=True`. Lower `batch_num` when memory is tight.
+
+    A variable whose gradient has a non-finite entry is left unchanged on
+    that step, together with its stored gradients.
+
+    Args:
+        learning_rate: A float >= 0, a
+            `keras.optimizers.schedules.LearningRateSchedule`, or a callable
+            that takes no arguments. Defaults to `0.001`.
+        batch_num: Integer >= 1, the number of stored gradients; Paddle
+            recommends the number of batches in an epoch. Defaults to `1`
+            (plain SGD).
+        weight_decay: `None` or a float >= 0, the L2 coefficient added to the
+            gradient. Defaults to `None`.
+        multi_precision: Boolean. If `True`, float16 and bfloat16 variables
+            are updated through a float32 master copy, and `d` and `y` are
+            kept in float32. Defaults to `False`.
+        {{base_optimizer_keyword_args}}
+
+    Example:
+
+    ```python
+    batches = 8
+    optimizer = keras_thor.optimizers.SAG(learning_rate=0.01, batch_num=8)
+    model.compile(optimizer=optimizer, loss="mse")
+    model.fit(x, y, batch_size=len(x) // batches, shuffle=False)
+    ```
+
+    References:
+        - [Schmidt, Le Roux and Bach, 2017](https://arxiv.org/abs/1309.2388)
+    """
+
+    def __init__(
+        self,
+        learning_rate=0.001,
+        batch_num=1,
+        weight_decay=None,
+        multi_precision=False,
+        clipnorm=None,
+        clipvalue=None,
+        global_clipnorm=None,
+        use_ema=False,
+        ema_momentum=0.99,
+        ema_overwrite_frequency=None,
+        loss_scale_factor=None,
+        gradient_accumulation_steps=None,
+        name="sag",
+        **kwargs,
+    ):
+        validation.check_learning_rate(learning_rate)
+        batch_num = validation.check_int("batch_num", batch_num, minimum=1)
+        if weight_decay is not None:
+            weight_decay = validation.check_float(
+                "weight_decay", weight_decay, minimum=0.0
+            )
+        validation.check_bool("multi_precision", multi_precision)
+        super().__init__(
+            learning_rate=learning_rate,
+            weight_decay=None,
+            clipnorm=clipnorm,
+            clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm,
+            use_ema=use_ema,
+            ema_momentum=ema_momentum,
+            ema_overwrite_frequency=ema_overwrite_frequency,
+            loss_scale_factor=loss_scale_factor,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            name=name,
+            **kwargs,
+        )
+        self.batch_num = batch_num
+        # Paddle's L2 regularizer; Keras's decoupled decay is switched off.
+        self.weight_decay = weight_decay
+        self.multi_precision = multi_precision
+
+    def _uses_master_copy(self, variable):
+        return self.multi_precision and variable.dtype in _LOW_PRECISION
+
+    def build(self, var_list):
+        """Creates `d`, the `y` ring buffer and master copies, in that order.
+
+        For each variable, in the order of `var_list`: `d` (its shape), `y`
+        (`(batch_num, *shape)`) and, with `multi_precision`, a float32
+        master copy of each float16/bfloat16 variable.
+        """
+        if self.built:
+            return
+        super().build(var_list)
+        self._gradient_sums = []
+        self._gradient_memories = []
+        self._master_weights = []
+        for variable in var_list:
+            prefix = variable.path.replace("/", "_")
+            master = self._uses_master_copy(variable)
+            dtype = "float32" if master else variable.dtype
+            if variable.dtype in _LOW_PRECISION and not master:
+                warnings.warn(
+                    f"SAG accumulates `{variable.path}` in {variable.dtype}, "
+                    "which can give poor accuracy or slow convergence. "
+                    "Consider `multi_precision=True`.",
+                    stacklevel=2,
+                )
+            self._gradient_sums.append(
+                self.add_variable(
+                    variable.shape, dtype=dtype, name=f"{prefix}_gradient_sum"
+                )
+            )
+            self._gradient_memories.append(
+                self.add_variable(
+                    (self.batch_num, *variable.shape),
+                    dtype=dtype,
+                    name=f"{prefix}_gradient_memory",
+                )
+            )
+            self._master_weights.append(
+                self.add_variable(
+                    variable.shape, dtype="float32", name=f"{prefix}_master"
+                )
+                if master
+                else None
+            )
+
+    def _apply_weight_decay(self, variables):
+        # `weight_decay` is Paddle's L2 term, added to the gradient in
+        # `update_step`; Keras's decoupled decay must not run as well.
+        return
+
+    def update_step(self, gradient, variable, learning_rate):
+        index = self._get_variable_index(variable)
+        gradient_sum = self._gradient_sums[index]
+        memory = self._gradient_memories[index]
+        master = self._master_weights[index]
+        dtype = gradient_sum.dtype
+        if master is None:
+            weights = variable
+        else:
+            # The master copy starts as the variable's value at step 0.
+            weights = ops.cond(
+                ops.equal(self.iterations, 0),
+                lambda: ops.cast(variable, dtype),
+                lambda: ops.copy(master),
+            )
+        slot = self.iterations % self.batch_num
+        slots_filled = ops.minimum(self.iterations + 1, self.batch_num)
+        stored = read_row(memory, slot)
+        decays = self.weight_decay and self._use_weight_decay(variable)
+        new_sum, new_row, new_weights = _fused_sag_update(
+            weights,
+            ops.cast(ops.convert_to_tensor(gradient), dtype),
+            gradient_sum,
+            stored,
+            ops.cast(learning_rate, dtype),
+            ops.cast(slots_filled, dtype),
+            self.weight_decay if decays else 0.0,
+        )
+        self.assign(gradient_sum, new_sum)
+        assign_row(self, memory, slot, new_row)
+        if master is not None:
+            self.assign(master, new_weights)
+        self.assign(variable, ops.cast(new_weights, variable.dtype))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "batch_num": self.batch_num,
+                "weight_decay": self.weight_decay,
+                "multi_precision": self.multi_precision,
+            }
+        )
+        return config

@@ -1,0 +1,3 @@
+"""The single place that holds the keras_thor version."""
+
+__version__ = "0.1.0"

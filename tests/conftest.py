@@ -1,0 +1,42 @@
+"""Test set-up: few threads, logical CPU devices, seeded randomness."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+LOGICAL_CPUS = 4
+
+
+def _configure_tensorflow():
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(2)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS
+    )
+
+
+if keras.backend.backend() == "tensorflow":
+    _configure_tensorflow()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="needs the TensorFlow backend")
+    for item in items:
+        if "tf_only" in item.keywords or "multi_device" in item.keywords:
+            if keras.backend.backend() != "tensorflow":
+                item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    keras.utils.set_random_seed(0)
+    np.random.seed(0)
+    yield
+    keras.backend.clear_session()

@@ -1,0 +1,116 @@
+"""ASGD and SAG under MirroredStrategy equal one device at the same batch."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_thor.callbacks import SwapAveragedWeights
+from keras_thor.optimizers import ASGD
+from keras_thor.optimizers import SAG
+from tests import helpers
+
+pytestmark = pytest.mark.multi_device
+
+OPTIMIZERS = {
+    "asgd": lambda: ASGD(learning_rate=0.05, t0=3.0, weight_decay=0.01),
+    "sag": lambda: SAG(learning_rate=0.05, batch_num=4, weight_decay=0.01),
+}
+
+
+def _strategy(replicas):
+    import tensorflow as tf
+
+    devices = [f"/cpu:{i}" for i in range(replicas)]
+    return tf.distribute.MirroredStrategy(devices)
+
+
+def _train(make_optimizer, strategy=None, callbacks=()):
+    x, y = helpers.regression_data()
+    scope = strategy.scope() if strategy else _null_scope()
+    with scope:
+        model = helpers.mlp()
+        model.compile(optimizer=make_optimizer(), loss="mse")
+    history = model.fit(
+        x,
+        y,
+        batch_size=16,
+        epochs=3,
+        shuffle=False,
+        validation_data=(x[:16], y[:16]),
+        callbacks=list(callbacks),
+        verbose=0,
+    )
+    return model, history
+
+
+class _null_scope:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _replica_values(variable):
+    values = variable.value
+    return [np.asarray(v) for v in values.values]
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_two_replicas_equal_one_device(name):
+    single, single_history = _train(OPTIMIZERS[name])
+    strategy = _strategy(2)
+    assert strategy.num_replicas_in_sync == 2
+    mirrored, mirrored_history = _train(OPTIMIZERS[name], strategy)
+    np.testing.assert_allclose(
+        mirrored_history.history["loss"],
+        single_history.history["loss"],
+        rtol=1e-5,
+    )
+    helpers.assert_all_close(
+        helpers.weights_of(mirrored), helpers.weights_of(single), atol=1e-6
+    )
+    helpers.assert_all_close(
+        helpers.optimizer_state(mirrored.optimizer),
+        helpers.optimizer_state(single.optimizer),
+        atol=1e-6,
+    )
+    for variable in mirrored.optimizer.variables + mirrored.weights:
+        first, *others = _replica_values(variable)
+        for other in others:
+            np.testing.assert_array_equal(other, first)
+
+
+def test_averaged_weights_swap_under_strategy():
+    callbacks = [SwapAveragedWeights()]
+    single, single_history = _train(OPTIMIZERS["asgd"], callbacks=callbacks)
+    mirrored, mirrored_history = _train(
+        OPTIMIZERS["asgd"], _strategy(2), callbacks=[SwapAveragedWeights()]
+    )
+    np.testing.assert_allclose(
+        mirrored_history.history["val_loss"],
+        single_history.history["val_loss"],
+        rtol=1e-5,
+    )
+    with mirrored.optimizer.use_averaged_weights():
+        for variable in mirrored.trainable_variables:
+            first, *others = _replica_values(variable)
+            for other in others:
+                np.testing.assert_array_equal(other, first)
+        averaged = helpers.weights_of(mirrored)
+    helpers.assert_all_close(
+        averaged,
+        [np.asarray(a) for a in _averages_as_weights(mirrored)],
+        atol=0,
+    )
+
+
+def _averages_as_weights(model):
+    index = {id(v): i for i, v in enumerate(model.trainable_variables)}
+    averages = model.optimizer._averages
+    return [
+        keras.ops.convert_to_numpy(averages[index[id(w)]])
+        if id(w) in index
+        else keras.ops.convert_to_numpy(w)
+        for w in model.weights
+    ]

@@ -1,0 +1,42 @@
+"""Small models and data shared by the tests."""
+
+import keras
+import numpy as np
+
+
+def regression_data(samples=64, features=6, outputs=3, seed=0):
+    """A fixed linear regression problem with a little noise."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(samples, features)).astype("float32")
+    true_kernel = rng.normal(size=(features, outputs)).astype("float32")
+    noise = rng.normal(size=(samples, outputs)).astype("float32")
+    y = x @ true_kernel + 0.1 * noise
+    return x, y.astype("float32")
+
+
+def mlp(features=6, outputs=3, hidden=8, seed=0):
+    """A two-layer MLP with seeded initial weights."""
+    init = keras.initializers.GlorotUniform(seed=seed)
+    return keras.Sequential(
+        [
+            keras.Input((features,)),
+            keras.layers.Dense(
+                hidden, activation="tanh", kernel_initializer=init, name="d1"
+            ),
+            keras.layers.Dense(outputs, kernel_initializer=init, name="d2"),
+        ]
+    )
+
+
+def weights_of(model):
+    return [keras.ops.convert_to_numpy(w) for w in model.weights]
+
+
+def optimizer_state(optimizer):
+    return [keras.ops.convert_to_numpy(v) for v in optimizer.variables]
+
+
+def assert_all_close(actual, expected, atol=1e-6, rtol=1e-6):
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        np.testing.assert_allclose(a, e, atol=atol, rtol=rtol)

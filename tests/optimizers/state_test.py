@@ -1,0 +1,145 @@
+"""Config, `.keras` and BackupAndRestore round trips for every optimizer."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_thor.optimizers import ASGD
+from keras_thor.optimizers import SAG
+from tests import helpers
+
+OPTIMIZERS = {
+    "asgd": lambda: ASGD(
+        learning_rate=0.05, lambd=0.01, t0=3.0, weight_decay=0.01
+    ),
+    "sag": lambda: SAG(learning_rate=0.05, batch_num=4, weight_decay=0.01),
+}
+BATCH = 16  # 64 samples: 4 batches an epoch, in a fixed order
+
+
+def _compiled_model(make_optimizer):
+    model = helpers.mlp()
+    model.compile(optimizer=make_optimizer(), loss="mse")
+    return model
+
+
+def _fit(model, epochs, **kwargs):
+    x, y = helpers.regression_data()
+    return model.fit(
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_config_round_trip(name):
+    optimizer = OPTIMIZERS[name]()
+    config = optimizer.get_config()
+    restored = type(optimizer).from_config(config)
+    assert restored.get_config() == config
+    serialized = keras.optimizers.serialize(optimizer)
+    assert (
+        serialized["registered_name"]
+        == f"keras_thor>{type(optimizer).__name__}"
+    )
+    assert keras.optimizers.deserialize(serialized).get_config() == config
+
+
+def test_config_keeps_own_weight_decay_and_schedule():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+    optimizer = ASGD(learning_rate=schedule, weight_decay=0.3, maximize=True)
+    restored = ASGD.from_config(optimizer.get_config())
+    assert restored.weight_decay == 0.3
+    assert restored.maximize is True
+    assert isinstance(
+        restored._learning_rate, keras.optimizers.schedules.ExponentialDecay
+    )
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_keras_file_resume_equals_uninterrupted(name, tmp_path):
+    reference = _compiled_model(OPTIMIZERS[name])
+    _fit(reference, epochs=4)
+
+    model = _compiled_model(OPTIMIZERS[name])
+    _fit(model, epochs=2)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert type(loaded.optimizer) is type(model.optimizer)
+    helpers.assert_all_close(
+        helpers.optimizer_state(loaded.optimizer),
+        helpers.optimizer_state(model.optimizer),
+        atol=0,
+        rtol=0,
+    )
+    _fit(loaded, epochs=2)
+
+    helpers.assert_all_close(
+        helpers.weights_of(loaded), helpers.weights_of(reference), atol=1e-6
+    )
+    helpers.assert_all_close(
+        helpers.optimizer_state(loaded.optimizer),
+        helpers.optimizer_state(reference.optimizer),
+        atol=1e-6,
+    )
+
+
+class _InterruptAtEpoch(keras.callbacks.Callback):
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise RuntimeError("interrupted")
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_backup_and_restore_resume_equals_uninterrupted(name, tmp_path):
+    reference = _compiled_model(OPTIMIZERS[name])
+    _fit(reference, epochs=4)
+
+    backup = str(tmp_path / "backup")
+    interrupted = _compiled_model(OPTIMIZERS[name])
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _fit(
+            interrupted,
+            epochs=4,
+            callbacks=[
+                keras.callbacks.BackupAndRestore(backup),
+                _InterruptAtEpoch(2),
+            ],
+        )
+    resumed = _compiled_model(OPTIMIZERS[name])
+    _fit(
+        resumed, epochs=4, callbacks=[keras.callbacks.BackupAndRestore(backup)]
+    )
+    assert int(resumed.optimizer.iterations) == 16
+    helpers.assert_all_close(
+        helpers.weights_of(resumed), helpers.weights_of(reference), atol=1e-6
+    )
+    helpers.assert_all_close(
+        helpers.optimizer_state(resumed.optimizer),
+        helpers.optimizer_state(reference.optimizer),
+        atol=1e-6,
+    )
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_state_variables_are_created_in_build_in_a_fixed_order(name):
+    model = _compiled_model(OPTIMIZERS[name])
+    model.optimizer.build(model.trainable_variables)
+    layout = [(v.shape, v.dtype) for v in model.optimizer.variables]
+    again = _compiled_model(OPTIMIZERS[name])
+    again.optimizer.build(again.trainable_variables)
+    assert [(v.shape, v.dtype) for v in again.optimizer.variables] == layout
+    count = len(layout)
+    _fit(model, epochs=1)
+    assert len(model.optimizer.variables) == count
+    assert np.isfinite(helpers.weights_of(model)[0]).all()
