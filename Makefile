@@ -4,8 +4,6 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# Versions the backend matrix is tested with (torch 2.13.0 CPU).
-BACKEND_PACKAGES := torch==2.13.0 jax==0.10.2
 # pytest exits 5 when it collects no test; that is not a failure here.
 PYTEST = $(PY) -m pytest -p no:cacheprovider
 
@@ -18,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 $(VENV)/.backends: $(VENV)/.installed
-	$(PY) -m pip install -q $(BACKEND_PACKAGES)
+	$(PY) -m pip install -q -e ".[backends]"
 	touch $@
 
 demo: $(VENV)/.installed

@@ -24,6 +24,11 @@ def _configure_tensorflow():
 
 if keras.backend.backend() == "tensorflow":
     _configure_tensorflow()
+elif keras.backend.backend() == "jax":
+    import jax
+
+    # The float64 golden runs need real float64 arrays.
+    jax.config.update("jax_enable_x64", True)
 
 
 def pytest_collection_modifyitems(config, items):

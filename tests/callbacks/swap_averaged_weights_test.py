@@ -28,7 +28,11 @@ def _trained(epochs=3, callbacks=(), **optimizer_kwargs):
 
 
 def _averages(model):
-    return [keras.ops.convert_to_numpy(a) for a in model.optimizer._averages]
+    optimizer = model.optimizer
+    return [
+        keras.ops.convert_to_numpy(optimizer.state_for(v)["ax"])
+        for v in model.trainable_variables
+    ]
 
 
 def _trainable(model):
@@ -100,6 +104,78 @@ def test_context_manager_restores_after_an_exception():
         with model.optimizer.use_averaged_weights():
             raise KeyError("boom")
     helpers.assert_all_close(_trainable(model), trained, atol=0, rtol=0)
+
+
+def test_callback_inside_the_context_restores_what_it_found():
+    model, _ = _trained(epochs=1)
+    averages = _averages(model)
+    x, y = helpers.regression_data()
+    with model.optimizer.use_averaged_weights():
+        model.evaluate(x, y, verbose=0, callbacks=[SwapAveragedWeights()])
+        model.predict(x, verbose=0, callbacks=[SwapAveragedWeights()])
+        helpers.assert_all_close(_trainable(model), averages, atol=0)
+    assert not model.optimizer.averaged_weights_in_model
+
+
+def test_saved_while_swapped_knows_it_after_loading(tmp_path):
+    model, _ = _trained(epochs=2)
+    trained, averages = _trainable(model), _averages(model)
+    with model.optimizer.use_averaged_weights():
+        model.save(tmp_path / "averaged.keras")
+    loaded = keras.models.load_model(tmp_path / "averaged.keras")
+    assert loaded.optimizer.averaged_weights_in_model
+    helpers.assert_all_close(_trainable(loaded), averages, atol=0)
+    loaded.optimizer.set_averaged_weights_in_model(False)
+    helpers.assert_all_close(_trainable(loaded), trained, atol=0)
+
+
+def test_backup_with_averages_swapped_in_resumes_exactly(tmp_path):
+    x, y = helpers.regression_data()
+
+    def run(epochs, callbacks):
+        model = helpers.mlp()
+        model.compile(optimizer=ASGD(learning_rate=0.05, t0=2.0), loss="mse")
+        model.fit(
+            x,
+            y,
+            batch_size=16,
+            epochs=epochs,
+            shuffle=False,
+            callbacks=callbacks,
+            verbose=0,
+        )
+        return model
+
+    reference = run(4, [SwapAveragedWeights(swap_on_epoch=True)])
+
+    class Interrupt(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 2:
+                raise RuntimeError("interrupted")
+
+    backup = str(tmp_path / "backup")
+    with pytest.raises(RuntimeError):
+        run(
+            4,
+            [
+                SwapAveragedWeights(swap_on_epoch=True),
+                keras.callbacks.BackupAndRestore(backup),
+                Interrupt(),
+            ],
+        )
+    resumed = run(
+        4,
+        [
+            SwapAveragedWeights(swap_on_epoch=True),
+            keras.callbacks.BackupAndRestore(backup),
+        ],
+    )
+    helpers.assert_all_close(
+        _trainable(resumed), _trainable(reference), atol=1e-6
+    )
+    helpers.assert_all_close(
+        _averages(resumed), _averages(reference), atol=1e-6
+    )
 
 
 def test_swap_before_training_is_a_no_op():

@@ -1,5 +1,7 @@
 """ASGD and SAG under MirroredStrategy equal one device at the same batch."""
 
+import contextlib
+
 import keras
 import numpy as np
 import pytest
@@ -26,7 +28,7 @@ def _strategy(replicas):
 
 def _train(make_optimizer, strategy=None, callbacks=()):
     x, y = helpers.regression_data()
-    scope = strategy.scope() if strategy else _null_scope()
+    scope = strategy.scope() if strategy else contextlib.nullcontext()
     with scope:
         model = helpers.mlp()
         model.compile(optimizer=make_optimizer(), loss="mse")
@@ -41,14 +43,6 @@ def _train(make_optimizer, strategy=None, callbacks=()):
         verbose=0,
     )
     return model, history
-
-
-class _null_scope:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _replica_values(variable):
@@ -106,11 +100,33 @@ def test_averaged_weights_swap_under_strategy():
 
 
 def _averages_as_weights(model):
-    index = {id(v): i for i, v in enumerate(model.trainable_variables)}
-    averages = model.optimizer._averages
+    trainable = {id(v) for v in model.trainable_variables}
     return [
-        keras.ops.convert_to_numpy(averages[index[id(w)]])
-        if id(w) in index
-        else keras.ops.convert_to_numpy(w)
+        keras.ops.convert_to_numpy(
+            model.optimizer.state_for(w)["ax"] if id(w) in trainable else w
+        )
         for w in model.weights
     ]
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"clipnorm": 1.0},
+        {"clipvalue": 1.0},
+        {"global_clipnorm": 1.0},
+        {"gradient_accumulation_steps": 2},
+    ],
+)
+@pytest.mark.parametrize("optimizer_class", [ASGD, SAG])
+def test_options_keras_breaks_under_strategy_are_refused(
+    optimizer_class, option
+):
+    # Keras 3.15 clips per replica before the all-reduce and cannot
+    # accumulate gradients under a strategy: refuse instead of diverging.
+    with _strategy(2).scope():
+        model = helpers.mlp()
+        model.compile(optimizer=optimizer_class(**option), loss="mse")
+        name = next(iter(option))
+        with pytest.raises(ValueError, match=f"cannot use {name}"):
+            model.optimizer.build(model.trainable_variables)

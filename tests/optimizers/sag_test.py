@@ -58,8 +58,6 @@ class TestFormulas:
 )
 def test_matches_paddle_after_every_step(case):
     dtype = case["dtype"]
-    if dtype == "float64" and keras.backend.backend() == "jax":
-        pytest.skip("JAX runs without x64 here: float64 becomes float32")
     variables = [
         keras.Variable(np.array(case["initial"][name], dtype), name=name)
         for name in NAMES
@@ -168,3 +166,67 @@ def test_fit_end_to_end_with_cyclic_batches(jit_compile):
     memory = model.optimizer._gradient_memories[0].numpy()
     assert memory.shape == (4, 6, 8)
     assert np.all(np.abs(memory).sum(axis=(1, 2)) > 0)
+
+
+def test_clipping_happens_before_the_decay_term():
+    # Paddle clips (grad_clip) before adding the L2 term; so does Keras's
+    # clipnorm, which runs before `update_step`.
+    variable = keras.Variable(np.array([2.0, 0.0], "float32"))
+    optimizer = SAG(learning_rate=0.1, weight_decay=0.5, clipnorm=1.0)
+    optimizer.apply([np.array([30.0, 40.0], "float32")], [variable])
+    expected_step = np.array([0.6, 0.8]) + 0.5 * np.array([2.0, 0.0])
+    np.testing.assert_allclose(
+        variable.numpy(), [2.0, 0.0] - 0.1 * expected_step, rtol=1e-6
+    )
+
+
+@pytest.mark.filterwarnings("ignore:Gradients do not exist")
+def test_variable_without_gradient_does_not_step():
+    # Paddle keeps one step count `m` per parameter; so does SAG.
+    used = keras.Variable(np.ones(2, "float32"), name="used")
+    unused = keras.Variable(np.ones(2, "float32"), name="unused")
+    optimizer = SAG(learning_rate=0.1, batch_num=3)
+    optimizer.apply([np.ones(2, "float32"), None], [used, unused])
+    optimizer.apply(
+        [np.ones(2, "float32"), np.ones(2, "float32")], [used, unused]
+    )
+    assert [int(m) for m in optimizer._counts] == [2, 1]
+    # `unused` took its first step: slot 0, one slot filled.
+    np.testing.assert_allclose(unused.numpy(), [0.9, 0.9], rtol=1e-6)
+
+
+def test_master_copy_follows_writes_to_the_variable():
+    variable = keras.Variable(np.ones(3, "float16"), dtype="float16")
+    optimizer = SAG(learning_rate=0.1, multi_precision=True)
+    optimizer.apply([np.full(3, 1.0, "float16")], [variable])
+    variable.assign(np.array([5.0, 0.9, 5.0], "float16"))
+    optimizer.apply([np.zeros(3, "float16")], [variable])
+    # Entries 0 and 2 were rewritten: the master takes them from the
+    # variable. Entry 1 kept the master's float32 value 0.9.
+    np.testing.assert_allclose(
+        optimizer._master_weights[0].numpy(), [5.0, 0.9, 5.0], rtol=1e-6
+    )
+
+
+@pytest.mark.tf_only
+@pytest.mark.parametrize("weight_decay", [None, 0.1])
+def test_embedding_gradients_are_handled_densely(weight_decay):
+    model = keras.Sequential(
+        [
+            keras.Input((3,), dtype="int32"),
+            keras.layers.Embedding(10, 4, name="emb"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(1),
+        ]
+    )
+    optimizer = SAG(learning_rate=0.1, batch_num=2, weight_decay=weight_decay)
+    model.compile(optimizer=optimizer, loss="mse")
+    table = model.get_layer("emb").embeddings.numpy().copy()
+    x = np.array([[1, 2, 3]] * 4, "int32")
+    model.fit(x, np.ones((4, 1), "float32"), epochs=2, verbose=0)
+    new_table = model.get_layer("emb").embeddings.numpy()
+    assert not np.allclose(new_table[1], table[1])  # in the batch
+    if weight_decay is None:  # row 5 gets a zero gradient
+        np.testing.assert_array_equal(new_table[5], table[5])
+    else:  # and the decay term moves it
+        assert not np.allclose(new_table[5], table[5])

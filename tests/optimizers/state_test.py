@@ -1,7 +1,6 @@
 """Config, `.keras` and BackupAndRestore round trips for every optimizer."""
 
 import keras
-import numpy as np
 import pytest
 
 from keras_thor.optimizers import ASGD
@@ -131,15 +130,24 @@ def test_backup_and_restore_resume_equals_uninterrupted(name, tmp_path):
     )
 
 
+SLOTS = {
+    "asgd": (["ax", "step_and_eta"], ["averages_in_model"]),
+    "sag": (["gradient_sum", "gradient_memory", "m"], []),
+}
+
+
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_state_variables_are_created_in_build_in_a_fixed_order(name):
+    # `.keras` files store optimizer variables by position: this order is
+    # part of the file format.
     model = _compiled_model(OPTIMIZERS[name])
     model.optimizer.build(model.trainable_variables)
-    layout = [(v.shape, v.dtype) for v in model.optimizer.variables]
-    again = _compiled_model(OPTIMIZERS[name])
-    again.optimizer.build(again.trainable_variables)
-    assert [(v.shape, v.dtype) for v in again.optimizer.variables] == layout
-    count = len(layout)
+    per_variable, trailing = SLOTS[name]
+    expected = ["iteration", "learning_rate"]
+    for variable in model.trainable_variables:
+        prefix = variable.path.replace("/", "_")
+        expected += [f"{prefix}_{slot}" for slot in per_variable]
+    expected += trailing
+    assert [v.name for v in model.optimizer.variables] == expected
     _fit(model, epochs=1)
-    assert len(model.optimizer.variables) == count
-    assert np.isfinite(helpers.weights_of(model)[0]).all()
+    assert len(model.optimizer.variables) == len(expected)

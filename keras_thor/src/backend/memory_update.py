@@ -36,7 +36,10 @@ def assign_row(optimizer, variable, index, value):
         )
         optimizer.assign(variable, row)
         return
-    start = [index] + [0] * len(value.shape)
+    # One integer dtype for every start index (JAX insists, also with x64).
+    start = [ops.cast(index, "int32")] + [ops.zeros((), "int32")] * len(
+        value.shape
+    )
     rows = ops.convert_to_tensor(variable)
     optimizer.assign(
         variable, ops.slice_update(rows, start, ops.expand_dims(value, 0))

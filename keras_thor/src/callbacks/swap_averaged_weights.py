@@ -25,9 +25,13 @@ class SwapAveragedWeights(keras.callbacks.Callback):
 
     With `swap_on_epoch=True` the averaged weights are also in the model
     between `on_epoch_end` and the next `on_epoch_begin`, so callbacks placed
-    after this one (e.g. `keras.callbacks.ModelCheckpoint`) see them. At the
-    end of training the trained weights are put back; use
-    `ASGD(finalize_with_average=True)` to end with the averages instead.
+    after this one (e.g. `keras.callbacks.ModelCheckpoint`,
+    `BackupAndRestore`) see them. The optimizer records which weights the
+    model holds, so a state saved that way resumes exactly: training always
+    starts from the trained weights. At the end of training the trained
+    weights are put back; use `ASGD(finalize_with_average=True)` to end
+    with the averages instead. `evaluate` and `predict` restore whatever
+    the model held before them.
 
     Args:
         swap_on_epoch: Boolean. Whether to keep the averaged weights in the
@@ -50,16 +54,26 @@ class SwapAveragedWeights(keras.callbacks.Callback):
                 f"Received: swap_on_epoch={swap_on_epoch!r}"
             )
         self.swap_on_epoch = swap_on_epoch
+        self._previous = False
+
+    def _optimizer(self):
+        optimizer = _averaging_optimizer(self.model)
+        return optimizer if optimizer.built else None
 
     def _set_averaged(self, averaged):
-        optimizer = _averaging_optimizer(self.model)
-        if not optimizer.built:
-            return
-        if optimizer.averaged_weights_in_model != averaged:
-            optimizer.swap_averaged_weights()
+        optimizer = self._optimizer()
+        if optimizer is not None:
+            optimizer.set_averaged_weights_in_model(averaged)
+
+    def _remember_and_set_averaged(self):
+        optimizer = self._optimizer()
+        self._previous = optimizer and optimizer.averaged_weights_in_model
+        self._set_averaged(True)
 
     def on_train_begin(self, logs=None):
-        _averaging_optimizer(self.model)
+        # Also puts back the trained weights of a state that was saved
+        # with the averages in the model (BackupAndRestore, ModelCheckpoint).
+        self._set_averaged(False)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._set_averaged(False)
@@ -72,14 +86,13 @@ class SwapAveragedWeights(keras.callbacks.Callback):
         self._set_averaged(False)
 
     def on_test_begin(self, logs=None):
-        self._set_averaged(True)
+        self._remember_and_set_averaged()
 
     def on_test_end(self, logs=None):
-        if not self.swap_on_epoch:
-            self._set_averaged(False)
+        self._set_averaged(bool(self._previous))
 
     def on_predict_begin(self, logs=None):
-        self._set_averaged(True)
+        self._remember_and_set_averaged()
 
     def on_predict_end(self, logs=None):
-        self._set_averaged(False)
+        self._set_averaged(bool(self._previous))

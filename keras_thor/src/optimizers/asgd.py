@@ -6,10 +6,14 @@ import keras
 from keras import ops
 
 from keras_thor.src.api_export import keras_thor_export
+from keras_thor.src.backend.dense import dense
 from keras_thor.src.backend.fusion import fused
 from keras_thor.src.optimizers.docstrings import with_base_keyword_args
 from keras_thor.src.optimizers.finite import if_finite
 from keras_thor.src.optimizers.finite import is_finite
+from keras_thor.src.optimizers.strategy_checks import (
+    check_base_options_under_strategy,
+)
 from keras_thor.src.utils import validation
 
 
@@ -40,29 +44,54 @@ def running_average(average, value, mu):
 
 
 def asgd_update(
-    variable, gradient, average, eta, mu, lambd, weight_decay, maximize
+    variable,
+    gradient,
+    average,
+    step_and_eta,
+    learning_rate,
+    lambd,
+    alpha,
+    t0,
+    weight_decay,
+    maximize,
 ):
-    """One torch ASGD step of one variable: `(new_variable, new_average)`.
+    """One torch ASGD step of one variable.
 
-    `eta` and `mu` are tensors; `lambd`, `weight_decay` (Python floats) and
-    `maximize` (a bool) are the optimizer's constants. A gradient with a
-    non-finite entry leaves both unchanged.
+    `step_and_eta` holds torch's float32 `step` and `eta` (torch's `mu`
+    follows from `step` and `t0`), `learning_rate` is the rate of this
+    step; `lambd`, `alpha`, `t0`, `weight_decay` (Python floats) and
+    `maximize` (a bool) are the optimizer's constants. Returns
+    `(variable, average, step_and_eta)` after the step. A gradient with a
+    non-finite entry leaves all three unchanged.
     """
+    step, eta = step_and_eta[0], step_and_eta[1]
 
     def updated():
+        # torch creates `eta` as the rate of the first step.
+        eta_used = ops.where(ops.equal(step, 0.0), learning_rate, eta)
         direction = -gradient if maximize else gradient
         if weight_decay:
             direction = direction + weight_decay * variable
-        new_variable = asgd_parameter_update(variable, direction, eta, lambd)
-        return new_variable, running_average(average, new_variable, mu)
+        new_variable = asgd_parameter_update(
+            variable, direction, ops.cast(eta_used, variable.dtype), lambd
+        )
+        mu = ops.cast(asgd_mu(step, t0), variable.dtype)
+        new_average = running_average(average, new_variable, mu)
+        new_step = step + 1.0
+        new_eta = asgd_eta(learning_rate, lambd, alpha, new_step)
+        return new_variable, new_average, ops.stack([new_step, new_eta])
 
     def unchanged():
-        return ops.copy(variable), ops.copy(average)
+        return ops.copy(variable), ops.copy(average), ops.copy(step_and_eta)
 
     return if_finite(is_finite(gradient), updated, unchanged)
 
 
 _fused_asgd_update = fused(asgd_update)
+
+
+def _never_updated(step_and_eta):
+    return float(ops.convert_to_numpy(step_and_eta)[0]) == 0.0
 
 
 @keras_thor_export
@@ -90,23 +119,24 @@ class ASGD(keras.optimizers.Optimizer):
 
     Notation:
         - `p`: a trainable variable; `grad`: its gradient.
-        - `lr`: `learning_rate` (with a schedule, `eta_t` uses the rate of
-          step `t`, as torch's `eta` uses the group's rate when it is
-          computed at the end of a step).
+        - `lr`: the learning rate of step `t` (however it is set: a float,
+          a schedule, or a callback assigning `optimizer.learning_rate`).
         - `lambd`, `alpha`, `t0`, `weight_decay`, `maximize`: the arguments.
-        - `ax`: the averaged weights, one slot per variable.
+        - `ax`, `t`, `eta`, `mu`: torch's per-variable state `ax`, `step`,
+          `eta`, `mu` (see `state_for(variable)`; `mu` is computed from
+          `step`, the others are stored).
 
     For an integer `t0`, averaging therefore first mixes weights at step
     `t0 + 3` (the first step whose `mu_{t-1} < 1`), and from then on `ax` is
-    the plain mean of the weights after steps `t0 + 2, ..., t`. `eta` and
-    `mu` are not stored: they follow from the step counter and are exposed
-    as the `eta` and `mu` properties.
+    the plain mean of the weights after steps `t0 + 2, ..., t`.
 
     `weight_decay` is torch's L2 term added to the gradient, not Keras's
     decoupled weight decay; `exclude_from_weight_decay()` applies to it.
 
     A variable whose gradient has a non-finite entry is left unchanged on
-    that step, together with its average (torch would write the NaNs in).
+    that step with all of its state, as if it had no gradient (torch would
+    write the NaNs in). A variable without a gradient does not step, as in
+    torch.
 
     Args:
         learning_rate: A float >= 0, a
@@ -197,125 +227,162 @@ class ASGD(keras.optimizers.Optimizer):
         self.weight_decay = weight_decay
         self.maximize = maximize
         self.finalize_with_average = finalize_with_average
-        self._averaged_weights_in_model = False
 
     def build(self, var_list):
-        """Creates one average slot `ax` per trainable variable."""
+        """Creates torch's state for every variable, then the swap flag.
+
+        For each variable, in the order of `var_list`: `ax` (its shape) and
+        torch's `step` and `eta` (one float32 vector of 2). Then one boolean
+        that records whether the model currently holds the averaged weights.
+        """
         if self.built:
             return
         super().build(var_list)
-        self._averages = self.add_optimizer_variables(var_list, "average")
+        check_base_options_under_strategy(self)
+        self._averages = []
+        self._steps_and_etas = []
+        for variable in var_list:
+            self._averages.append(
+                self.add_variable_from_reference(variable, "ax")
+            )
+            self._steps_and_etas.append(
+                self.add_variable(
+                    (2,),
+                    dtype="float32",
+                    name=f"{variable.path.replace('/', '_')}_step_and_eta",
+                )
+            )
+        self._averages_in_model = self.add_variable(
+            (), dtype="bool", name="averages_in_model"
+        )
 
     def _apply_weight_decay(self, variables):
         # `weight_decay` is torch's L2 term, added to the gradient in
         # `update_step`; Keras's decoupled decay must not run as well.
         return
 
-    def _previous_learning_rate(self, learning_rate):
-        """The rate of the previous update, which torch's `eta` was built on."""
-        schedule = self._learning_rate
-        if not isinstance(
-            schedule, keras.optimizers.schedules.LearningRateSchedule
-        ):
-            return learning_rate
-        steps_per_update = self.gradient_accumulation_steps or 1
-        previous = ops.maximum(self._iterations - steps_per_update, 0)
-        return ops.where(
-            ops.equal(self.iterations, 0), learning_rate, schedule(previous)
-        )
-
-    def _step_sizes(self, learning_rate):
-        """`(eta_{t-1}, mu_{t-1})` in float32, as torch stores them."""
-        steps_done = ops.cast(self.iterations, "float32")
-        rate = ops.cast(self._previous_learning_rate(learning_rate), "float32")
-        eta = asgd_eta(rate, self.lambd, self.alpha, steps_done)
-        return eta, asgd_mu(steps_done, self.t0)
-
-    @property
-    def eta(self):
-        """The step size the next update uses (torch's `state["eta"]`)."""
-        steps_done = ops.cast(self.iterations, "float32")
-        rate = ops.cast(self.learning_rate, "float32")
-        return asgd_eta(rate, self.lambd, self.alpha, steps_done)
-
-    @property
-    def mu(self):
-        """The averaging weight the next update uses (torch's `state["mu"]`)."""
-        return asgd_mu(ops.cast(self.iterations, "float32"), self.t0)
-
     def update_step(self, gradient, variable, learning_rate):
-        dtype = variable.dtype
-        eta, mu = self._step_sizes(learning_rate)
+        index = self._get_variable_index(variable)
+        average = self._averages[index]
+        step_and_eta = self._steps_and_etas[index]
         decays = self._use_weight_decay(variable)
-        average = self._averages[self._get_variable_index(variable)]
-        new_variable, new_average = _fused_asgd_update(
+        new_variable, new_average, new_step_and_eta = _fused_asgd_update(
             variable,
-            ops.cast(ops.convert_to_tensor(gradient), dtype),
+            ops.cast(dense(gradient), variable.dtype),
             average,
-            ops.cast(eta, dtype),
-            ops.cast(mu, dtype),
+            step_and_eta,
+            ops.cast(learning_rate, "float32"),
             self.lambd,
+            self.alpha,
+            self.t0,
             self.weight_decay if decays else 0.0,
             self.maximize,
         )
-        self.assign(average, new_average)
         self.assign(variable, new_variable)
+        self.assign(average, new_average)
+        self.assign(step_and_eta, new_step_and_eta)
 
-    def swap_averaged_weights(self):
-        """Swaps the trained weights and their averages `ax`, in place.
+    def state_for(self, variable):
+        """torch's `optimizer.state[p]` for `variable`, as a dict.
 
-        Calling it twice restores the trained weights. Before the first
-        update there is no average yet and nothing is swapped.
+        `"step"`, `"eta"`, `"mu"`: float32 scalars, the values the next step
+        uses; `"ax"`: the averaged weights (an optimizer variable).
         """
+        index = self._variable_index(variable)
+        step_and_eta = ops.convert_to_tensor(self._steps_and_etas[index])
+        step, eta = step_and_eta[0], step_and_eta[1]
+        return {
+            "step": step,
+            "eta": ops.where(
+                ops.equal(step, 0.0),
+                ops.cast(self.learning_rate, "float32"),
+                eta,
+            ),
+            "mu": asgd_mu(step, self.t0),
+            "ax": self._averages[index],
+        }
+
+    def _check_built(self):
         if not self.built:
             raise ValueError(
-                "The optimizer has no averaged weights before it is built. "
-                "Train with it (or call `optimizer.build(variables)`) first."
+                "The optimizer has no state before it is built. Train with it "
+                "(or call `optimizer.build(variables)`) first."
             )
-        self._averaged_weights_in_model = not self._averaged_weights_in_model
-        if int(ops.convert_to_numpy(self.iterations)) == 0:
-            return
-        for variable, average in zip(self._trainable_variables, self._averages):
-            trained = ops.copy(variable.value)
-            variable.assign(average)
-            average.assign(trained)
+
+    def _variable_index(self, variable):
+        self._check_built()
+        key = self._var_key(variable)
+        if key not in self._trainable_variables_indices:
+            raise ValueError(
+                "The optimizer does not train this variable. "
+                f"Received: variable={variable.path}"
+            )
+        return self._trainable_variables_indices[key]
 
     @property
     def averaged_weights_in_model(self):
-        """Whether the model currently holds the averaged weights."""
-        return self._averaged_weights_in_model
+        """Whether the model currently holds the averaged weights.
+
+        This is optimizer state: it is saved and restored with the rest, so
+        a model saved while the averages are in it knows it after loading.
+        """
+        if not self.built:
+            return False
+        return bool(ops.convert_to_numpy(self._averages_in_model))
+
+    def swap_averaged_weights(self):
+        """Exchanges the trained weights and their averages `ax`, in place.
+
+        Calling it twice restores the trained weights. A variable that has
+        not been updated yet has no average and is left as it is.
+        """
+        self._check_built()
+        for variable, average, step_and_eta in zip(
+            self._trainable_variables, self._averages, self._steps_and_etas
+        ):
+            if _never_updated(step_and_eta):
+                continue
+            trained = ops.copy(variable.value)
+            variable.assign(average)
+            average.assign(trained)
+        self._averages_in_model.assign(not self.averaged_weights_in_model)
+
+    def set_averaged_weights_in_model(self, averaged):
+        """Puts the averaged (`True`) or trained (`False`) weights in."""
+        if self.averaged_weights_in_model != bool(averaged):
+            self.swap_averaged_weights()
 
     @contextlib.contextmanager
     def use_averaged_weights(self):
         """Context manager: the model holds the averaged weights inside it.
+
+        On exit the model holds what it held on entry, also after an
+        exception.
 
         ```python
         with optimizer.use_averaged_weights():
             model.evaluate(x, y)
         ```
         """
-        if self._averaged_weights_in_model:
-            yield
-            return
-        self.swap_averaged_weights()
+        previous = self.averaged_weights_in_model
+        self.set_averaged_weights_in_model(True)
         try:
             yield
         finally:
-            self.swap_averaged_weights()
+            self.set_averaged_weights_in_model(previous)
 
     def finalize_variable_values(self, var_list):
         """Writes the averages into `var_list` if `finalize_with_average`."""
         super().finalize_variable_values(var_list)
         if not self.finalize_with_average:
             return
-        if self._averaged_weights_in_model:
-            self.swap_averaged_weights()
-        if int(ops.convert_to_numpy(self.iterations)) == 0:
-            return
+        self.set_averaged_weights_in_model(False)
         for variable in var_list:
             key = self._var_key(variable)
-            if key in self._trainable_variables_indices:
-                index = self._trainable_variables_indices[key]
+            if key not in self._trainable_variables_indices:
+                continue
+            index = self._trainable_variables_indices[key]
+            if not _never_updated(self._steps_and_etas[index]):
                 variable.assign(self._averages[index])
 
     def get_config(self):

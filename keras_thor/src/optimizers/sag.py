@@ -6,12 +6,16 @@ import keras
 from keras import ops
 
 from keras_thor.src.api_export import keras_thor_export
+from keras_thor.src.backend.dense import dense
 from keras_thor.src.backend.fusion import fused
 from keras_thor.src.backend.memory_update import assign_row
 from keras_thor.src.backend.memory_update import read_row
 from keras_thor.src.optimizers.docstrings import with_base_keyword_args
 from keras_thor.src.optimizers.finite import if_finite
 from keras_thor.src.optimizers.finite import is_finite
+from keras_thor.src.optimizers.strategy_checks import (
+    check_base_options_under_strategy,
+)
 from keras_thor.src.utils import validation
 
 _LOW_PRECISION = ("float16", "bfloat16")
@@ -32,15 +36,18 @@ def sag_update(
     gradient,
     gradient_sum,
     stored,
+    count,
     learning_rate,
-    slots_filled,
+    batch_num,
     weight_decay,
 ):
     """One Paddle SAG step of one variable.
 
-    Returns `(new_gradient_sum, new_stored_gradient, new_weights)`;
-    `weight_decay` is a Python float. A gradient with a non-finite entry
-    leaves all three unchanged.
+    `stored` is the memory slot `y_i` of this step and `count` the number
+    of steps this variable has taken (Paddle's `m`); `batch_num` (an int)
+    and `weight_decay` (a Python float) are the optimizer's constants.
+    Returns `(gradient_sum, stored_gradient, weights, count)` after the
+    step. A gradient with a non-finite entry leaves all four unchanged.
     """
 
     def updated():
@@ -48,15 +55,41 @@ def sag_update(
             gradient + weight_decay * weights if weight_decay else gradient
         )
         new_sum = sag_gradient_sum(gradient_sum, stored, decayed)
-        new_weights = sag_parameter_update(
-            weights, new_sum, learning_rate, slots_filled
+        slots_filled = ops.cast(
+            ops.minimum(count + 1, batch_num), weights.dtype
         )
-        return new_sum, decayed, new_weights
+        new_weights = sag_parameter_update(
+            weights,
+            new_sum,
+            ops.cast(learning_rate, weights.dtype),
+            slots_filled,
+        )
+        return new_sum, decayed, new_weights, count + 1
 
     def unchanged():
-        return ops.copy(gradient_sum), ops.copy(stored), ops.copy(weights)
+        return (
+            ops.copy(gradient_sum),
+            ops.copy(stored),
+            ops.copy(weights),
+            ops.copy(count),
+        )
 
     return if_finite(is_finite(gradient), updated, unchanged)
+
+
+def follow_variable(master, variable):
+    """The float32 master copy, re-seeded wherever `variable` was rewritten.
+
+    An entry whose low-precision value is not the rounded master (a fresh
+    master, `set_weights`, a constraint, an EMA overwrite) is taken from the
+    variable.
+    """
+    master = ops.convert_to_tensor(master)
+    variable = ops.convert_to_tensor(variable)
+    rounded = ops.cast(master, variable.dtype)
+    return ops.where(
+        ops.equal(rounded, variable), master, ops.cast(variable, master.dtype)
+    )
 
 
 _fused_sag_update = fused(sag_update)
@@ -86,7 +119,9 @@ class SAG(keras.optimizers.Optimizer):
         - `x`: a trainable variable; `grad`: its (clipped) gradient.
         - `lr`: `learning_rate`; `weight_decay`, `batch_num`: the arguments.
         - `d`: the sum of the stored gradients; `y`: the `batch_num` stored
-          gradients (a ring buffer); `m`: the optimizer's step counter.
+          gradients (a ring buffer); `m`: the variable's step count (as
+          Paddle, one per variable: a variable without a gradient does not
+          step).
 
     Slot `i` holds the gradient of batch `i` only when batches come in a
     fixed cyclic order of `batch_num` batches (`fit(..., shuffle=False)` on a
@@ -104,7 +139,7 @@ class SAG(keras.optimizers.Optimizer):
     `multi_precision=True`. Lower `batch_num` when memory is tight.
 
     A variable whose gradient has a non-finite entry is left unchanged on
-    that step, together with its stored gradients.
+    that step with all of its state, as if it had no gradient.
 
     Args:
         learning_rate: A float >= 0, a
@@ -117,16 +152,19 @@ class SAG(keras.optimizers.Optimizer):
             gradient. Defaults to `None`.
         multi_precision: Boolean. If `True`, float16 and bfloat16 variables
             are updated through a float32 master copy, and `d` and `y` are
-            kept in float32. Defaults to `False`.
+            kept in float32. The master copy follows the variable: an entry
+            rewritten from outside (`set_weights`, a constraint) is taken
+            from the variable. Defaults to `False`.
         {{base_optimizer_keyword_args}}
 
     Example:
 
     ```python
-    batches = 8
-    optimizer = keras_thor.optimizers.SAG(learning_rate=0.01, batch_num=8)
+    batch_size = 64
+    batches = math.ceil(len(x) / batch_size)  # one slot per batch
+    optimizer = keras_thor.optimizers.SAG(learning_rate=0.01, batch_num=batches)
     model.compile(optimizer=optimizer, loss="mse")
-    model.fit(x, y, batch_size=len(x) // batches, shuffle=False)
+    model.fit(x, y, batch_size=batch_size, shuffle=False)
     ```
 
     References:
@@ -180,17 +218,20 @@ class SAG(keras.optimizers.Optimizer):
         return self.multi_precision and variable.dtype in _LOW_PRECISION
 
     def build(self, var_list):
-        """Creates `d`, the `y` ring buffer and master copies, in that order.
+        """Creates `d`, the `y` ring buffer, `m` and master copies.
 
         For each variable, in the order of `var_list`: `d` (its shape), `y`
-        (`(batch_num, *shape)`) and, with `multi_precision`, a float32
-        master copy of each float16/bfloat16 variable.
+        (`(batch_num, *shape)`), the step count `m` and, with
+        `multi_precision`, a float32 master copy of each float16/bfloat16
+        variable.
         """
         if self.built:
             return
         super().build(var_list)
+        check_base_options_under_strategy(self)
         self._gradient_sums = []
         self._gradient_memories = []
+        self._counts = []
         self._master_weights = []
         for variable in var_list:
             prefix = variable.path.replace("/", "_")
@@ -215,6 +256,11 @@ class SAG(keras.optimizers.Optimizer):
                     name=f"{prefix}_gradient_memory",
                 )
             )
+            self._counts.append(
+                self.add_variable(
+                    (), dtype=self._iterations.dtype, name=f"{prefix}_m"
+                )
+            )
             self._master_weights.append(
                 self.add_variable(
                     variable.shape, dtype="float32", name=f"{prefix}_master"
@@ -232,32 +278,27 @@ class SAG(keras.optimizers.Optimizer):
         index = self._get_variable_index(variable)
         gradient_sum = self._gradient_sums[index]
         memory = self._gradient_memories[index]
+        count = self._counts[index]
         master = self._master_weights[index]
-        dtype = gradient_sum.dtype
-        if master is None:
-            weights = variable
-        else:
-            # The master copy starts as the variable's value at step 0.
-            weights = ops.cond(
-                ops.equal(self.iterations, 0),
-                lambda: ops.cast(variable, dtype),
-                lambda: ops.copy(master),
-            )
-        slot = self.iterations % self.batch_num
-        slots_filled = ops.minimum(self.iterations + 1, self.batch_num)
+        weights = (
+            variable if master is None else follow_variable(master, variable)
+        )
+        slot = count % self.batch_num
         stored = read_row(memory, slot)
         decays = self.weight_decay and self._use_weight_decay(variable)
-        new_sum, new_row, new_weights = _fused_sag_update(
+        new_sum, new_row, new_weights, new_count = _fused_sag_update(
             weights,
-            ops.cast(ops.convert_to_tensor(gradient), dtype),
+            ops.cast(dense(gradient), gradient_sum.dtype),
             gradient_sum,
             stored,
-            ops.cast(learning_rate, dtype),
-            ops.cast(slots_filled, dtype),
+            count,
+            learning_rate,
+            self.batch_num,
             self.weight_decay if decays else 0.0,
         )
         self.assign(gradient_sum, new_sum)
         assign_row(self, memory, slot, new_row)
+        self.assign(count, new_count)
         if master is not None:
             self.assign(master, new_weights)
         self.assign(variable, ops.cast(new_weights, variable.dtype))

@@ -1,0 +1,67 @@
+"""The package's public surface and its import rules."""
+
+import ast
+import pathlib
+
+import keras_thor
+
+PACKAGE = pathlib.Path(keras_thor.__file__).parent
+# The only modules that may import tensorflow (inside functions, lazily).
+TENSORFLOW_MODULES = {
+    "src/backend/dense.py",
+    "src/backend/fusion.py",
+    "src/backend/memory_update.py",
+}
+
+
+def _imports_of(node):
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            yield node, alias.name
+    elif isinstance(node, ast.ImportFrom) and node.module:
+        yield node, node.module
+
+
+def _imports(path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        yield from _imports_of(node)
+
+
+def _modules():
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_public_modules_export_the_optimizers_and_callbacks():
+    assert keras_thor.optimizers.__all__ == ["ASGD", "SAG"]
+    assert keras_thor.callbacks.__all__ == ["SwapAveragedWeights"]
+    for name in keras_thor.optimizers.__all__:
+        assert getattr(keras_thor.optimizers, name).__doc__
+    assert keras_thor.__version__.count(".") == 2
+
+
+def test_no_private_keras_imports():
+    for path in _modules():
+        for _, module in _imports(path):
+            assert not module.startswith("keras.src"), path
+
+
+def test_tensorflow_is_imported_lazily_and_only_in_backend_modules():
+    for path in _modules():
+        relative = path.relative_to(PACKAGE).as_posix()
+        tree = ast.parse(path.read_text())
+        top_level = [
+            module.split(".")[0]
+            for node in tree.body
+            for imported, module in _imports_of(node)
+        ]
+        assert "tensorflow" not in top_level, relative
+        uses = [m for _, m in _imports(path) if m.split(".")[0] == "tensorflow"]
+        if uses:
+            assert relative in TENSORFLOW_MODULES, relative
+
+
+def test_docstring_templates_are_filled():
+    for name in keras_thor.optimizers.__all__:
+        doc = getattr(keras_thor.optimizers, name).__doc__
+        assert "{{" not in doc
+        assert "gradient_accumulation_steps" in doc
