@@ -24,7 +24,7 @@ import keras_thor  # noqa: E402
 BATCH = 256
 OPTIMIZERS = {
     "SGD": lambda: keras.optimizers.SGD(learning_rate=0.01),
-    # Averaging from step 7 on: the steps timed all average.
+    # Averaging from step 8 on: the steps timed all average.
     "ASGD(t0=5)": lambda: keras_thor.optimizers.ASGD(learning_rate=0.01, t0=5),
     "SAG(batch_num=10)": lambda: keras_thor.optimizers.SAG(
         learning_rate=0.01, batch_num=10

@@ -39,6 +39,28 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+# Only TensorFlow compiles per-variable updates (keras_thor.src.backend).
+FUSION_MODES = (
+    ["compiled", "uncompiled"]
+    if keras.backend.backend() == "tensorflow"
+    else ["uncompiled"]
+)
+
+
+@pytest.fixture(params=FUSION_MODES)
+def fusion_mode(request, monkeypatch):
+    """Runs a test through both paths of `keras_thor.src.backend.fusion`.
+
+    By default only variables of at least `MIN_FUSED_SIZE` elements take the
+    compiled path; the golden tests use small ones, so force each path.
+    """
+    from keras_thor.src.backend import fusion
+
+    size = 0 if request.param == "compiled" else 2**62
+    monkeypatch.setattr(fusion, "MIN_FUSED_SIZE", size)
+    return request.param
+
+
 @pytest.fixture(autouse=True)
 def _seeded():
     keras.utils.set_random_seed(0)

@@ -51,7 +51,7 @@ def _replica_values(variable):
 
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
-def test_two_replicas_equal_one_device(name):
+def test_two_replicas_equal_one_device(name, fusion_mode):
     single, single_history = _train(OPTIMIZERS[name])
     strategy = _strategy(2)
     assert strategy.num_replicas_in_sync == 2
@@ -130,3 +130,4 @@ def test_options_keras_breaks_under_strategy_are_refused(
         name = next(iter(option))
         with pytest.raises(ValueError, match=f"cannot use {name}"):
             model.optimizer.build(model.trainable_variables)
+        assert not model.optimizer.built

@@ -71,7 +71,7 @@ class TestFormulas:
 @pytest.mark.parametrize(
     "case", TORCH_CASES, ids=[f"{c['name']}-{c['dtype']}" for c in TORCH_CASES]
 )
-def test_matches_torch_after_every_step(case):
+def test_matches_torch_after_every_step(case, fusion_mode):
     dtype = case["dtype"]
     variables = [
         keras.Variable(np.array(case["initial"][name], dtype), name=name)

@@ -1,6 +1,7 @@
 """Config, `.keras` and BackupAndRestore round trips for every optimizer."""
 
 import keras
+import numpy as np
 import pytest
 
 from keras_thor.optimizers import ASGD
@@ -151,3 +152,26 @@ def test_state_variables_are_created_in_build_in_a_fixed_order(name):
     assert [v.name for v in model.optimizer.variables] == expected
     _fit(model, epochs=1)
     assert len(model.optimizer.variables) == len(expected)
+
+
+@pytest.mark.tf_only
+@pytest.mark.parametrize("name", OPTIMIZERS)
+@pytest.mark.parametrize(
+    "clip", [{"clipnorm": 0.5}, {"clipvalue": 0.2}, {"global_clipnorm": 0.5}]
+)
+def test_sparse_gradients_are_clipped_as_their_dense_sum(name, clip):
+    # TensorFlow's Embedding gradient has one row per lookup (row 1 twice);
+    # torch and Paddle clip the summed, dense gradient.
+    import tensorflow as tf
+
+    values = np.array([[0.3, -0.4], [0.3, 0.1], [-0.2, 0.5]], "float32")
+    sparse = tf.IndexedSlices(
+        tf.constant(values), tf.constant([1, 1, 3]), tf.constant([4, 2])
+    )
+    results = []
+    for gradient in (sparse, tf.convert_to_tensor(sparse)):
+        variable = keras.Variable(np.ones((4, 2), "float32"))
+        optimizer = type(OPTIMIZERS[name]())(learning_rate=0.1, **clip)
+        optimizer.apply([gradient], [variable])
+        results.append(variable.numpy())
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-6)

@@ -2,7 +2,6 @@
 
 import contextlib
 
-import keras
 from keras import ops
 
 from keras_thor.src.api_export import keras_thor_export
@@ -11,9 +10,7 @@ from keras_thor.src.backend.fusion import fused
 from keras_thor.src.optimizers.docstrings import with_base_keyword_args
 from keras_thor.src.optimizers.finite import if_finite
 from keras_thor.src.optimizers.finite import is_finite
-from keras_thor.src.optimizers.strategy_checks import (
-    check_base_options_under_strategy,
-)
+from keras_thor.src.optimizers.reference_optimizer import ReferenceOptimizer
 from keras_thor.src.utils import validation
 
 
@@ -96,7 +93,7 @@ def _never_updated(step_and_eta):
 
 @keras_thor_export
 @with_base_keyword_args
-class ASGD(keras.optimizers.Optimizer):
+class ASGD(ReferenceOptimizer):
     """Averaged stochastic gradient descent (`torch.optim.ASGD` semantics).
 
     SGD with a decaying step size `eta` and a running average `ax` of the
@@ -208,7 +205,7 @@ class ASGD(keras.optimizers.Optimizer):
             )
         super().__init__(
             learning_rate=learning_rate,
-            weight_decay=None,
+            weight_decay=weight_decay,
             clipnorm=clipnorm,
             clipvalue=clipvalue,
             global_clipnorm=global_clipnorm,
@@ -223,8 +220,6 @@ class ASGD(keras.optimizers.Optimizer):
         self.lambd = lambd
         self.alpha = alpha
         self.t0 = t0
-        # Coupled L2 (torch); Keras's decoupled decay is switched off below.
-        self.weight_decay = weight_decay
         self.maximize = maximize
         self.finalize_with_average = finalize_with_average
 
@@ -238,7 +233,6 @@ class ASGD(keras.optimizers.Optimizer):
         if self.built:
             return
         super().build(var_list)
-        check_base_options_under_strategy(self)
         self._averages = []
         self._steps_and_etas = []
         for variable in var_list:
@@ -256,16 +250,10 @@ class ASGD(keras.optimizers.Optimizer):
             (), dtype="bool", name="averages_in_model"
         )
 
-    def _apply_weight_decay(self, variables):
-        # `weight_decay` is torch's L2 term, added to the gradient in
-        # `update_step`; Keras's decoupled decay must not run as well.
-        return
-
     def update_step(self, gradient, variable, learning_rate):
         index = self._get_variable_index(variable)
         average = self._averages[index]
         step_and_eta = self._steps_and_etas[index]
-        decays = self._use_weight_decay(variable)
         new_variable, new_average, new_step_and_eta = _fused_asgd_update(
             variable,
             ops.cast(dense(gradient), variable.dtype),
@@ -275,7 +263,7 @@ class ASGD(keras.optimizers.Optimizer):
             self.lambd,
             self.alpha,
             self.t0,
-            self.weight_decay if decays else 0.0,
+            self.decay_for(variable),
             self.maximize,
         )
         self.assign(variable, new_variable)

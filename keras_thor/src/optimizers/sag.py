@@ -2,7 +2,6 @@
 
 import warnings
 
-import keras
 from keras import ops
 
 from keras_thor.src.api_export import keras_thor_export
@@ -13,9 +12,7 @@ from keras_thor.src.backend.memory_update import read_row
 from keras_thor.src.optimizers.docstrings import with_base_keyword_args
 from keras_thor.src.optimizers.finite import if_finite
 from keras_thor.src.optimizers.finite import is_finite
-from keras_thor.src.optimizers.strategy_checks import (
-    check_base_options_under_strategy,
-)
+from keras_thor.src.optimizers.reference_optimizer import ReferenceOptimizer
 from keras_thor.src.utils import validation
 
 _LOW_PRECISION = ("float16", "bfloat16")
@@ -97,7 +94,7 @@ _fused_sag_update = fused(sag_update)
 
 @keras_thor_export
 @with_base_keyword_args
-class SAG(keras.optimizers.Optimizer):
+class SAG(ReferenceOptimizer):
     """Stochastic average gradient (`paddle.optimizer.ASGD` semantics).
 
     Paddle calls this optimizer ASGD; it is the stochastic average gradient
@@ -197,7 +194,7 @@ class SAG(keras.optimizers.Optimizer):
         validation.check_bool("multi_precision", multi_precision)
         super().__init__(
             learning_rate=learning_rate,
-            weight_decay=None,
+            weight_decay=weight_decay,
             clipnorm=clipnorm,
             clipvalue=clipvalue,
             global_clipnorm=global_clipnorm,
@@ -210,8 +207,6 @@ class SAG(keras.optimizers.Optimizer):
             **kwargs,
         )
         self.batch_num = batch_num
-        # Paddle's L2 regularizer; Keras's decoupled decay is switched off.
-        self.weight_decay = weight_decay
         self.multi_precision = multi_precision
 
     def _uses_master_copy(self, variable):
@@ -228,7 +223,6 @@ class SAG(keras.optimizers.Optimizer):
         if self.built:
             return
         super().build(var_list)
-        check_base_options_under_strategy(self)
         self._gradient_sums = []
         self._gradient_memories = []
         self._counts = []
@@ -269,11 +263,6 @@ class SAG(keras.optimizers.Optimizer):
                 else None
             )
 
-    def _apply_weight_decay(self, variables):
-        # `weight_decay` is Paddle's L2 term, added to the gradient in
-        # `update_step`; Keras's decoupled decay must not run as well.
-        return
-
     def update_step(self, gradient, variable, learning_rate):
         index = self._get_variable_index(variable)
         gradient_sum = self._gradient_sums[index]
@@ -285,7 +274,6 @@ class SAG(keras.optimizers.Optimizer):
         )
         slot = count % self.batch_num
         stored = read_row(memory, slot)
-        decays = self.weight_decay and self._use_weight_decay(variable)
         new_sum, new_row, new_weights, new_count = _fused_sag_update(
             weights,
             ops.cast(dense(gradient), gradient_sum.dtype),
@@ -294,7 +282,7 @@ class SAG(keras.optimizers.Optimizer):
             count,
             learning_rate,
             self.batch_num,
-            self.weight_decay if decays else 0.0,
+            self.decay_for(variable),
         )
         self.assign(gradient_sum, new_sum)
         assign_row(self, memory, slot, new_row)
