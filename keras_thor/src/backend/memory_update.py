@@ -14,8 +14,9 @@ def read_row(variable, index):
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
-        resource = getattr(variable, "value", variable)
-        return tf.gather(resource, index)
+        if isinstance(variable, keras.Variable):
+            variable = variable.value
+        return tf.gather(variable, index)
     return ops.take(variable, index, axis=0)
 
 

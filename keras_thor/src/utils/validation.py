@@ -24,13 +24,12 @@ def check_bool(name, value):
     return value
 
 
-def check_float(name, value, minimum=None, exclusive=False, allow_inf=False):
+def check_float(name, value, minimum=None, allow_inf=False):
     """Returns `value` as a float after type and range checks.
 
     Ints are accepted and converted; bools, strings and other objects are a
     `TypeError`. NaN is always a `ValueError`, infinity unless `allow_inf`.
-    With `minimum`, the value must be `>= minimum` (`> minimum` when
-    `exclusive`).
+    With `minimum`, the value must be `>= minimum`.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
@@ -39,18 +38,14 @@ def check_float(name, value, minimum=None, exclusive=False, allow_inf=False):
         )
     value = float(value)
     if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        kind = "a float, not NaN" if allow_inf else "a finite float"
         raise ValueError(
-            f"Argument `{name}` must be a finite float. "
-            f"{_received(name, value)}"
+            f"Argument `{name}` must be {kind}. {_received(name, value)}"
         )
-    if minimum is not None:
-        too_small = value <= minimum if exclusive else value < minimum
-        if too_small:
-            relation = ">" if exclusive else ">="
-            raise ValueError(
-                f"Argument `{name}` must be {relation} {minimum}. "
-                f"{_received(name, value)}"
-            )
+    if minimum is not None and value < minimum:
+        raise ValueError(
+            f"Argument `{name}` must be >= {minimum}. {_received(name, value)}"
+        )
     return value
 
 
@@ -70,8 +65,9 @@ def check_int(name, value, minimum=None):
     return value
 
 
-def check_learning_rate(value, name="learning_rate"):
+def check_learning_rate(value):
     """Accepts a float >= 0, a `LearningRateSchedule` or a callable."""
+    name = "learning_rate"
     schedule = keras.optimizers.schedules.LearningRateSchedule
     if isinstance(value, schedule) or callable(value):
         return value
