@@ -2,6 +2,7 @@
 
 from keras_thor import callbacks
 from keras_thor import optimizers
+from keras_thor import schedules
 from keras_thor.src.version import __version__
 
-__all__ = ["callbacks", "optimizers", "__version__"]
+__all__ = ["callbacks", "optimizers", "schedules", "__version__"]

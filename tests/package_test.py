@@ -34,6 +34,7 @@ def _modules():
 def test_public_modules_export_the_optimizers_and_callbacks():
     assert keras_thor.optimizers.__all__ == ["ASGD", "SAG"]
     assert keras_thor.callbacks.__all__ == ["SwapAveragedWeights"]
+    assert "ThorResNetLearningRate" in keras_thor.schedules.__all__
     for name in keras_thor.optimizers.__all__:
         assert getattr(keras_thor.optimizers, name).__doc__
     assert keras_thor.__version__.count(".") == 2
