@@ -56,7 +56,7 @@ class TestFormulas:
     PADDLE_CASES,
     ids=[f"{c['name']}-{c['dtype']}" for c in PADDLE_CASES],
 )
-def test_matches_paddle_after_every_step(case, fusion_mode):
+def test_matches_paddle_after_every_step(case):
     dtype = case["dtype"]
     variables = [
         keras.Variable(np.array(case["initial"][name], dtype), name=name)

@@ -6,7 +6,6 @@ from keras import ops
 
 from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.backend.dense import dense
-from keras_thor.src.backend.fusion import fused
 from keras_thor.src.backend.memory_update import assign_row
 from keras_thor.src.backend.memory_update import read_row
 from keras_thor.src.optimizers.docstrings import with_base_keyword_args
@@ -87,9 +86,6 @@ def follow_variable(master, variable):
     return ops.where(
         ops.equal(rounded, variable), master, ops.cast(variable, master.dtype)
     )
-
-
-_fused_sag_update = fused(sag_update)
 
 
 @keras_thor_export
@@ -270,16 +266,21 @@ class SAG(ReferenceOptimizer):
         count = self._counts[index]
         master = self._master_weights[index]
         weights = (
-            variable if master is None else follow_variable(master, variable)
+            ops.convert_to_tensor(variable)
+            if master is None
+            else follow_variable(master, variable)
         )
-        slot = count % self.batch_num
+        count_value = ops.convert_to_tensor(count)
+        slot = count_value % self.batch_num
         stored = read_row(memory, slot)
-        new_sum, new_row, new_weights, new_count = _fused_sag_update(
+        # Plain ops: unlike ASGD's, this update runs no faster compiled
+        # (docs/benchmarks.md), the slot gather and scatter stay outside.
+        new_sum, new_row, new_weights, new_count = sag_update(
             weights,
             ops.cast(dense(gradient), gradient_sum.dtype),
-            gradient_sum,
+            ops.convert_to_tensor(gradient_sum),
             stored,
-            count,
+            count_value,
             learning_rate,
             self.batch_num,
             self.decay_for(variable),
