@@ -11,6 +11,7 @@ TENSORFLOW_MODULES = {
     "src/backend/dense.py",
     "src/backend/fusion.py",
     "src/backend/memory_update.py",
+    "src/backend/single_device.py",
 }
 
 

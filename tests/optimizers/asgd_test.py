@@ -236,3 +236,16 @@ def test_embedding_gradients_are_handled_densely():
     eta = 0.1
     np.testing.assert_allclose(new_table[5], table[5] * (1 - 0.5 * eta))
     assert not np.allclose(new_table[1], table[1] * (1 - 0.5 * eta))
+
+
+def test_gradient_accumulation_steps_once_per_real_update():
+    # Keras runs the update inside a `cond` on accumulation steps.
+    grads, p0 = _random_problem(4, 3, seed=5)
+    accumulated = keras.Variable(p0)
+    optimizer = ASGD(learning_rate=0.1, t0=0.0, gradient_accumulation_steps=2)
+    for g in grads:
+        optimizer.apply([g], [accumulated])
+    averaged = [(grads[0] + grads[1]) / 2, (grads[2] + grads[3]) / 2]
+    p, ax = _numpy_asgd_with_rates(p0, averaged, [0.1, 0.1], 1e-4, 0.75, 0.0)
+    np.testing.assert_allclose(accumulated.numpy(), p, rtol=1e-5, atol=1e-6)
+    assert float(optimizer.state_for(accumulated)["step"]) == 2

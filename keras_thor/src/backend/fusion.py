@@ -24,10 +24,13 @@ def _read_keras_variable(value):
     return value
 
 
-def _size(tensor):
-    size = 1
-    for dimension in tensor.shape:
-        size *= dimension
+def _size(tensors):
+    size = 0
+    for tensor in keras.tree.flatten(tensors):
+        elements = 1
+        for dimension in tensor.shape:
+            elements *= dimension
+        size += elements
     return size
 
 
@@ -39,7 +42,8 @@ def fused(fn):
     elementwise kernels, each a full pass over the variable's memory. One
     compiled computation makes it a single pass; it is compiled once per
     variable shape and dtype, the first time the train step runs. Variables
-    (the first argument) smaller than `MIN_FUSED_SIZE` elements run
+    (the first argument, all of it when it is a list) smaller than
+    `MIN_FUSED_SIZE` elements run
     uncompiled: there, launching a compiled computation costs more than
     the passes it saves. Inside a
     train step that is compiled already (`jit_compile=True`) it is inlined.

@@ -7,6 +7,7 @@ from keras import ops
 from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.backend.dense import dense
 from keras_thor.src.backend.fusion import fused
+from keras_thor.src.backend.single_device import tensorflow_without_strategy
 from keras_thor.src.optimizers.docstrings import with_base_keyword_args
 from keras_thor.src.optimizers.finite import if_finite
 from keras_thor.src.optimizers.finite import is_finite
@@ -85,6 +86,32 @@ def asgd_update(
 
 
 _fused_asgd_update = fused(asgd_update)
+
+
+def asgd_updates(
+    variables,
+    gradients,
+    averages,
+    steps_and_etas,
+    learning_rate,
+    lambd,
+    alpha,
+    t0,
+    weight_decays,
+    maximize,
+):
+    """`asgd_update` for several variables at once (lists in, lists out)."""
+    return [
+        asgd_update(
+            *inputs, learning_rate, lambd, alpha, t0, weight_decay, maximize
+        )
+        for *inputs, weight_decay in zip(
+            variables, gradients, averages, steps_and_etas, weight_decays
+        )
+    ]
+
+
+_fused_asgd_updates = fused(asgd_updates)
 
 
 def _never_updated(step_and_eta):
@@ -269,6 +296,43 @@ class ASGD(ReferenceOptimizer):
         self.assign(variable, new_variable)
         self.assign(average, new_average)
         self.assign(step_and_eta, new_step_and_eta)
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        """Updates all variables in one compiled computation on one device.
+
+        Without tf.distribute, Keras's per-variable update is a plain loop,
+        and one computation for all variables saves a launch per variable.
+        Under a strategy (and on other backends) Keras's own per-device loop
+        calls `update_step`.
+        """
+        if not tensorflow_without_strategy():
+            return super()._backend_update_step(
+                grads, trainable_variables, learning_rate
+            )
+        indices = [self._get_variable_index(v) for v in trainable_variables]
+        averages = [self._averages[i] for i in indices]
+        steps_and_etas = [self._steps_and_etas[i] for i in indices]
+        results = _fused_asgd_updates(
+            list(trainable_variables),
+            [
+                ops.cast(dense(g), v.dtype)
+                for g, v in zip(grads, trainable_variables)
+            ],
+            averages,
+            steps_and_etas,
+            ops.cast(learning_rate, "float32"),
+            self.lambd,
+            self.alpha,
+            self.t0,
+            [self.decay_for(v) for v in trainable_variables],
+            self.maximize,
+        )
+        for variable, average, step_and_eta, new in zip(
+            trainable_variables, averages, steps_and_etas, results
+        ):
+            self.assign(variable, new[0])
+            self.assign(average, new[1])
+            self.assign(step_and_eta, new[2])
 
     def state_for(self, variable):
         """torch's `optimizer.state[p]` for `variable`, as a dict.
