@@ -85,9 +85,6 @@ def asgd_update(
     return if_finite(is_finite(gradient), updated, unchanged)
 
 
-_fused_asgd_update = fused(asgd_update)
-
-
 def asgd_updates(
     variables,
     gradients,
@@ -278,24 +275,7 @@ class ASGD(ReferenceOptimizer):
         )
 
     def update_step(self, gradient, variable, learning_rate):
-        index = self._get_variable_index(variable)
-        average = self._averages[index]
-        step_and_eta = self._steps_and_etas[index]
-        new_variable, new_average, new_step_and_eta = _fused_asgd_update(
-            variable,
-            ops.cast(dense(gradient), variable.dtype),
-            average,
-            step_and_eta,
-            ops.cast(learning_rate, "float32"),
-            self.lambd,
-            self.alpha,
-            self.t0,
-            self.decay_for(variable),
-            self.maximize,
-        )
-        self.assign(variable, new_variable)
-        self.assign(average, new_average)
-        self.assign(step_and_eta, new_step_and_eta)
+        self._update_variables([gradient], [variable], learning_rate)
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         """Updates all variables in one compiled computation on one device.
@@ -309,26 +289,27 @@ class ASGD(ReferenceOptimizer):
             return super()._backend_update_step(
                 grads, trainable_variables, learning_rate
             )
-        indices = [self._get_variable_index(v) for v in trainable_variables]
+        self._update_variables(grads, trainable_variables, learning_rate)
+
+    def _update_variables(self, grads, variables, learning_rate):
+        """One ASGD step of `variables`, as one (compiled) computation."""
+        indices = [self._get_variable_index(v) for v in variables]
         averages = [self._averages[i] for i in indices]
         steps_and_etas = [self._steps_and_etas[i] for i in indices]
         results = _fused_asgd_updates(
-            list(trainable_variables),
-            [
-                ops.cast(dense(g), v.dtype)
-                for g, v in zip(grads, trainable_variables)
-            ],
+            list(variables),
+            [ops.cast(dense(g), v.dtype) for g, v in zip(grads, variables)],
             averages,
             steps_and_etas,
             ops.cast(learning_rate, "float32"),
             self.lambd,
             self.alpha,
             self.t0,
-            [self.decay_for(v) for v in trainable_variables],
+            [self.decay_for(v) for v in variables],
             self.maximize,
         )
         for variable, average, step_and_eta, new in zip(
-            trainable_variables, averages, steps_and_etas, results
+            variables, averages, steps_and_etas, results
         ):
             self.assign(variable, new[0])
             self.assign(average, new[1])
