@@ -1,0 +1,280 @@
+"""THOR's training step and its two traced train functions (TensorFlow).
+
+MindSpore compiles two graphs for THOR: one that captures the curvature
+statistics and refreshes the inverses, one that only preconditions with the
+stored inverses. Here they are two `tf.function`s, chosen in Python before
+each step from the optimizer's step counter, so a step that does not refresh
+never computes a statistic, and no collective sits inside a `tf.cond` (which
+breaks under tf.distribute).
+"""
+
+import contextlib
+import warnings
+
+import keras
+from keras import ops
+
+from keras_thor.src.layers import capture
+
+
+def thor_optimizer_of(optimizer):
+    """The `THOR` inside `optimizer` (unwrapping a `LossScaleOptimizer`)."""
+    from keras_thor.src.optimizers.thor import THOR
+
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer
+    return optimizer if isinstance(optimizer, THOR) else None
+
+
+def _replicas():
+    import tensorflow as tf
+
+    return tf.distribute.get_strategy().num_replicas_in_sync
+
+
+def _examples(x):
+    import tensorflow as tf
+
+    first = next(t for t in keras.tree.flatten(x) if t is not None)
+    return tf.shape(first)[0]
+
+
+def curvature_statistics(thor, calls, output_grads, sample_scale):
+    """THOR's factors `{kernel index: (A, G, c)}` over the global batch.
+
+    `sample_scale` turns a gradient of the (scaled, replica-shared) mean
+    loss into a per-sample gradient. Sums are all-reduced across replicas,
+    one collective per bucket of `thor.thor_layer_buckets()`, then divided
+    by the global row count. Several calls of one layer pool their rows.
+    """
+    import tensorflow as tf
+
+    sums = {}
+    for call, output_grad in zip(calls, output_grads):
+        if output_grad is None:
+            continue
+        index = thor.kernel_index(call.layer.thor_kernel)
+        if index is None:
+            continue
+        sample_grads = ops.cast(output_grad, "float32") * sample_scale
+        a_sum, g_sum, rows, factor_scale = call.layer.thor_statistics(
+            call.inputs, sample_grads
+        )
+        if index in sums:
+            previous = sums[index]
+            a_sum, g_sum = a_sum + previous[0], g_sum + previous[1]
+            rows = rows + previous[2]
+        sums[index] = (a_sum, g_sum, rows, factor_scale)
+
+    context = tf.distribute.get_replica_context()
+    statistics = {}
+    for bucket in thor.thor_layer_buckets():
+        present = [index for index in bucket if index in sums]
+        if not present:
+            continue
+        flat = [tensor for index in present for tensor in sums[index][:3]]
+        if _replicas() > 1:
+            flat = context.all_reduce("SUM", flat)
+        for position, index in enumerate(present):
+            a_sum, g_sum, rows = flat[3 * position : 3 * position + 3]
+            statistics[index] = (a_sum / rows, g_sum / rows, sums[index][3])
+    return statistics
+
+
+def train_step(model, data, refresh):
+    """One training step; on `refresh` steps it also refreshes THOR.
+
+    As Keras's TensorFlow `train_step`, plus: THOR-aware layers record their
+    calls, the loss is differentiated with respect to their outputs too,
+    and the factors go to the optimizer before `apply_gradients`.
+    """
+    import tensorflow as tf
+
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    thor = thor_optimizer_of(model.optimizer)
+    refresh = refresh and thor is not None
+    recording = (
+        capture.capture_layer_calls() if refresh else contextlib.nullcontext([])
+    )
+    with tf.GradientTape() as tape:
+        with recording as calls:
+            if model._call_has_training_arg:
+                y_pred = model(x, training=True)
+            else:
+                y_pred = model(x)
+        loss = model._compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+        )
+        model._loss_tracker.update_state(
+            loss * _replicas(), sample_weight=_examples(x)
+        )
+        scaled_loss = model.optimizer.scale_loss(loss)
+
+    variables = model.trainable_weights
+    outputs = [call.outputs for call in calls]
+    gradients = tape.gradient(scaled_loss, variables + outputs)
+    grads = gradients[: len(variables)]
+    if refresh:
+        if not model.optimizer.built:
+            model.optimizer.build(variables)
+        loss_scale = ops.cast(model.optimizer.scale_loss(1.0), "float32")
+        sample_scale = (
+            ops.cast(_examples(x) * _replicas(), "float32") / loss_scale
+        )
+        thor.refresh_curvature(
+            curvature_statistics(
+                thor, calls, gradients[len(variables) :], sample_scale
+            )
+        )
+    model.optimizer.apply_gradients(zip(grads, variables))
+    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def _reduce_logs(logs, strategy):
+    """The logs of one replica-run step as plain tensors (replica mean)."""
+    import tensorflow as tf
+
+    if strategy.num_replicas_in_sync == 1:
+        return logs
+    tpu = isinstance(strategy, tf.distribute.TPUStrategy)
+
+    def reduce(value):
+        if not isinstance(value, tf.distribute.DistributedValues):
+            if isinstance(
+                strategy, tf.distribute.MultiWorkerMirroredStrategy
+            ) and isinstance(value, tf.Tensor):
+                return strategy.reduce("MEAN", value, axis=None)
+            return value
+        if tpu:
+            return strategy.experimental_local_results(value)[0]
+        if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            return strategy.reduce("MEAN", value, axis=None)
+        return tf.reduce_mean(strategy.experimental_local_results(value), 0)
+
+    return keras.tree.map_structure(reduce, logs)
+
+
+class ThorTrainFunction:
+    """`model.train_function` for THOR: refresh and plain steps, apart.
+
+    Each call runs `model.steps_per_execution` steps (fewer at the end of
+    the data), as Keras's own train function does; a refresh step runs
+    alone, the plain steps between refreshes run as one compiled loop.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self._refresh_step = self._one_step(refresh=True)
+        self._plain_step = self._one_step(refresh=False)
+        self._plain_steps = self._compile(self._plain_loop, jit=False)
+        self._warned = False
+
+    def _compile(self, fn, jit):
+        import tensorflow as tf
+
+        if self.model.run_eagerly:
+            return fn
+        return tf.function(
+            fn, reduce_retracing=True, jit_compile=jit, autograph=False
+        )
+
+    def _one_step(self, refresh):
+        model = self.model
+
+        def one_step(data):
+            strategy = model.distribute_strategy
+            logs = strategy.run(
+                lambda batch: train_step(model, batch, refresh), args=(data,)
+            )
+            return _reduce_logs(logs, strategy)
+
+        compiled = self._compile(one_step, jit=model.jit_compile)
+        return model._autoconvert_optionals(compiled)
+
+    def _plain_loop(self, iterator, steps):
+        import tensorflow as tf
+
+        logs = self._plain_step(iterator.get_next())
+        if self.model.run_eagerly:
+            for _ in range(int(steps) - 1):
+                logs = self._plain_step(iterator.get_next())
+            return logs
+
+        def body(step, logs):
+            return step + 1, self._plain_step(iterator.get_next())
+
+        _, logs = tf.while_loop(
+            lambda step, _: step < steps, body, (tf.constant(1), logs)
+        )
+        return logs
+
+    def __call__(self, iterator):
+        import tensorflow as tf
+
+        thor = thor_optimizer_of(self.model.optimizer)
+        if thor is not None:
+            thor.curvature_from_model = True
+        if not isinstance(
+            iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)
+        ):
+            return self._run_on_batches(thor, iterator)
+        logs = None
+        remaining = self.model.steps_per_execution
+        try:
+            while remaining > 0:
+                count = (
+                    remaining
+                    if thor is None
+                    else self._next_run(thor, remaining)
+                )
+                if count == 0:
+                    logs = self._refresh(thor, iterator.get_next())
+                    count = 1
+                else:
+                    logs = self._plain_steps(iterator, tf.constant(count))
+                remaining -= count
+        except tf.errors.OutOfRangeError:
+            if logs is None:
+                raise
+        return logs
+
+    def _next_run(self, thor, remaining):
+        """0 if the next step refreshes, else how many plain steps to run.
+
+        At most `remaining`, up to the next refresh, and no further than the
+        per-step arrays reach; raises if they do not reach the next step.
+        """
+        step = int(ops.convert_to_numpy(thor.iterations))
+        thor.check_schedules_cover(step + 1)
+        if thor.refreshes_at(step):
+            return 0
+        return min(
+            remaining,
+            thor.frequency - step % thor.frequency,
+            thor.steps_covered_from(step),
+        )
+
+    def _run_on_batches(self, thor, batches):
+        logs = None
+        for _, data in zip(range(self.model.steps_per_execution), batches):
+            if thor is not None and self._next_run(thor, 1) == 0:
+                logs = self._refresh(thor, data)
+            else:
+                logs = self._plain_step(data)
+        return logs
+
+    def _refresh(self, thor, data):
+        before = thor.curvature_troubles
+        logs = self._refresh_step(data)
+        troubles = thor.curvature_troubles - before
+        if troubles and not self._warned:
+            warnings.warn(
+                f"THOR could not use the fresh curvature of {troubles} "
+                "layer(s): a factor was not positive definite (inverted with "
+                "more damping) or not finite (the previous inverses were "
+                "kept). Training goes on; if this repeats, raise `damping`. "
+                "This warning is shown once.",
+                stacklevel=3,
+            )
+            self._warned = True
+        return logs

@@ -1,0 +1,36 @@
+"""THOR's preconditioners: Kronecker-factored and diagonal.
+
+Notation:
+    - `g`: a gradient (of the mean loss, unscaled); `w`: its variable.
+    - `A⁻¹`, `G⁻¹`: the stored block-diagonal inverses of the damped input
+      and output-gradient factors of the variable's layer.
+    - `a⁻¹`: the inverse of a diagonal input factor (Embedding).
+    - `λ`: the damping of the current step; `N`: THOR's `batch_size`.
+"""
+
+from keras import ops
+
+from keras_thor.src.curvature.block_inverse import multiply_left
+from keras_thor.src.curvature.block_inverse import multiply_right
+
+
+def kronecker_precondition(gradient, a_inverse, g_inverse):
+    """`A⁻¹ · g · G⁻¹` for a Dense or Conv2D kernel gradient.
+
+    The kernel is read as a matrix `(d_in, d_out)` (a Conv2D kernel
+    `(kh, kw, C_in, C_out)` as `(kh·kw·C_in, C_out)`, its im2col layout).
+    """
+    shape = gradient.shape
+    matrix = ops.reshape(gradient, (-1, shape[-1]))
+    matrix = multiply_right(multiply_left(a_inverse, matrix), g_inverse)
+    return ops.reshape(matrix, shape)
+
+
+def diagonal_kronecker_precondition(gradient, a_inverse, g_inverse):
+    """`diag(a⁻¹) · g · G⁻¹` for an Embedding table gradient `(V, E)`."""
+    return multiply_right(a_inverse[:, None] * gradient, g_inverse)
+
+
+def layer_norm_precondition(gradient, damping, batch_size):
+    """`g / (g² / N + √λ)`: MindSpore's diagonal rule for LayerNorm."""
+    return gradient / (ops.square(gradient) / batch_size + ops.sqrt(damping))

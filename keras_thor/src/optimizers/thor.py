@@ -1,0 +1,485 @@
+"""THOR, MindSpore's trace-based, hardware-driven natural gradient."""
+
+import keras
+from keras import ops
+
+from keras_thor.src.api_export import keras_thor_export
+from keras_thor.src.backend.dense import dense
+from keras_thor.src.backend.fusion import fused
+from keras_thor.src.backend.single_device import tensorflow_without_strategy
+from keras_thor.src.curvature.block_inverse import block_layout
+from keras_thor.src.curvature.factor_inverses import factor_inverses
+from keras_thor.src.layers import capture
+from keras_thor.src.optimizers import thor_update
+from keras_thor.src.optimizers.docstrings import with_base_keyword_args
+from keras_thor.src.optimizers.reference_optimizer import ReferenceOptimizer
+from keras_thor.src.schedules.per_step import PerStepSchedule
+from keras_thor.src.schedules.per_step import is_per_step_array
+from keras_thor.src.utils import validation
+
+_fused_thor_updates = fused(thor_update.thor_updates)
+
+
+def _identity_blocks(shape, dtype=None):
+    return ops.broadcast_to(ops.eye(shape[-1], dtype=dtype), shape)
+
+
+def _check_rate(name, value, strictly_positive):
+    """A float, a schedule, a callable, or a per-step array (wrapped)."""
+    schedule = keras.optimizers.schedules.LearningRateSchedule
+    if isinstance(value, schedule) or (
+        callable(value) and not is_per_step_array(value)
+    ):
+        return value
+    if is_per_step_array(value):
+        return PerStepSchedule(value, name=name)
+    value = validation.check_float(name, value, minimum=0.0)
+    if strictly_positive and value == 0:
+        raise ValueError(f"Argument `{name}` must be > 0. Received: {name}=0.0")
+    return value
+
+
+def _check_split_indices(split_indices):
+    if split_indices is None:
+        return None
+    if not isinstance(split_indices, (list, tuple)) or not split_indices:
+        raise TypeError(
+            "Argument `split_indices` must be a non-empty list of integers. "
+            f"Received: split_indices={split_indices!r}"
+        )
+    indices = [
+        validation.check_int("split_indices", i, 0) for i in split_indices
+    ]
+    if indices != sorted(set(indices)):
+        raise ValueError(
+            "Argument `split_indices` must be strictly increasing. "
+            f"Received: split_indices={split_indices!r}"
+        )
+    return indices
+
+
+@keras_thor_export
+@with_base_keyword_args
+class THOR(ReferenceOptimizer):
+    """THOR: Kronecker-factored natural gradient with stale inverses.
+
+    MindSpore's `nn.thor` for Keras. Each THOR-aware layer (see
+    `keras_thor.convert_to_thor_model` and `keras_thor.layers`) gets a
+    Kronecker-factored Fisher `A ⊗ G`, refreshed every `frequency` steps
+    from that step's batch and inverted block by block; in between the
+    stored inverses are reused, so those steps cost an SGD step plus two
+    small matrix products per layer. Update of a kernel `w` at step `t`:
+
+    ```
+    every `frequency` steps (t = 0, f, 2f, ...), per layer:
+        A⁻¹ = blocks of (c·A + √λ_t·I)⁻¹,  G⁻¹ = blocks of (c·G + √λ_t·I)⁻¹
+    d = A⁻¹ · g · G⁻¹                  (LayerNorm: g / (g²/N + √λ_t))
+    d = d + weight_decay · w           where decay_filter(w)
+    d = d · min(1, 1 / ‖d‖)            if enable_clip_grad
+    v = momentum · v + d
+    w = w − lr_t · v                   (Nesterov: w − lr_t · (d + momentum·v))
+    ```
+
+    Notation:
+        - `g`: the gradient of the mean loss (already divided by
+          `loss_scale`); biases and other variables use `d = g`.
+        - `A = XᵀX / rows`, `G = DᵀD / rows`: the layer's input and
+          per-sample output-gradient second moments over the batch (all
+          replicas' batches under tf.distribute); Embedding uses the
+          diagonal of token counts, Conv2D im2col patches.
+        - `c`: `√T` for a Conv2D with `T` output positions, else 1.
+        - `λ_t`, `lr_t`: the damping and learning rate of step `t`;
+          `N`: `batch_size`; blocks are `split_dim` wide.
+
+    Train with `keras_thor.models.ThorModel` (what `convert_to_thor_model`
+    returns): its training step captures the statistics on refresh steps
+    only, with a separately traced function, so other steps never compute
+    them. A failed factorization falls back to a more damped inverse, and
+    non-finite statistics keep the previous inverses; a warning says so
+    once. A non-finite preconditioned gradient leaves its variable and
+    momentum unchanged.
+
+    Args:
+        learning_rate: A float >= 0, a `LearningRateSchedule`, or a 1-D
+            array with one value per training step (MindSpore style).
+        damping: A float > 0, a `LearningRateSchedule`, or a 1-D array with
+            one value per step: `λ`.
+        momentum: Float >= 0.
+        weight_decay: Float >= 0, added to the preconditioned gradient of
+            the variables `decay_filter` selects. Defaults to `0.0`.
+        loss_scale: Float > 0: the loss is multiplied by it before
+            differentiation and the gradients are divided by it (Keras's
+            `loss_scale_factor`). Defaults to `1.0`.
+        batch_size: Integer > 0, `N` of the LayerNorm rule. The factors use
+            the actual size of each batch. Defaults to `32`.
+        use_nesterov: Boolean. Defaults to `False`.
+        decay_filter: A callable `variable -> bool` choosing the variables
+            that get weight decay. Defaults to all of them (MindSpore's
+            default).
+        split_indices: Sorted layer indices after which the cross-replica
+            reduction of the statistics is cut into a new bucket (MindSpore's
+            all-reduce fusion points). Defaults to one bucket.
+        enable_clip_grad: Boolean: clip each preconditioned gradient to
+            norm 1.0. Defaults to `False`.
+        frequency: Integer >= 2: refresh the curvature every `frequency`
+            steps. Defaults to `100`.
+        split_dim: Integer > 0: the block size of the block-diagonal
+            inverses. Defaults to `128`.
+        {{base_optimizer_keyword_args}}
+
+    Example:
+
+    ```python
+    model = keras_thor.convert_to_thor_model(model)
+    model.compile(
+        optimizer=keras_thor.optimizers.THOR(0.05, damping=0.03, momentum=0.9,
+                                             frequency=50),
+        loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.fit(x, y, epochs=5, validation_split=0.1)
+    ```
+
+    References:
+        - [Chen et al., 2021](https://ojs.aaai.org/index.php/AAAI/article/view/16867)
+        - [Martens and Grosse, 2015](https://arxiv.org/abs/1503.05671)
+    """
+
+    def __init__(
+        self,
+        learning_rate,
+        damping,
+        momentum,
+        weight_decay=0.0,
+        loss_scale=1.0,
+        batch_size=32,
+        use_nesterov=False,
+        decay_filter=None,
+        split_indices=None,
+        enable_clip_grad=False,
+        frequency=100,
+        split_dim=128,
+        clipnorm=None,
+        clipvalue=None,
+        global_clipnorm=None,
+        use_ema=False,
+        ema_momentum=0.99,
+        ema_overwrite_frequency=None,
+        loss_scale_factor=None,
+        gradient_accumulation_steps=None,
+        name="thor",
+        **kwargs,
+    ):
+        learning_rate = _check_rate("learning_rate", learning_rate, False)
+        damping = _check_rate("damping", damping, True)
+        if isinstance(momentum, bool) or not isinstance(momentum, float):
+            raise TypeError(
+                "Argument `momentum` must be a float. "
+                f"Received: momentum={momentum!r} "
+                f"(of type {type(momentum).__name__})"
+            )
+        momentum = validation.check_float("momentum", momentum, minimum=0.0)
+        weight_decay = validation.check_float(
+            "weight_decay", weight_decay, minimum=0.0
+        )
+        loss_scale = validation.check_float("loss_scale", loss_scale, 0.0)
+        if loss_scale == 0:
+            raise ValueError(
+                "Argument `loss_scale` must be > 0. Received: loss_scale=0.0"
+            )
+        if loss_scale_factor not in (None, loss_scale) and loss_scale != 1.0:
+            raise ValueError(
+                "Arguments `loss_scale` and `loss_scale_factor` both scale "
+                "the loss; set one. Received: "
+                f"loss_scale={loss_scale}, "
+                f"loss_scale_factor={loss_scale_factor}"
+            )
+        if loss_scale != 1.0:
+            loss_scale_factor = loss_scale
+        batch_size = validation.check_int("batch_size", batch_size, 1)
+        validation.check_bool("use_nesterov", use_nesterov)
+        validation.check_bool("enable_clip_grad", enable_clip_grad)
+        if decay_filter is not None and not callable(decay_filter):
+            raise TypeError(
+                "Argument `decay_filter` must be a callable "
+                "`variable -> bool` or None. "
+                f"Received: decay_filter={decay_filter!r}"
+            )
+        frequency = validation.check_int("frequency", frequency, 2)
+        split_dim = validation.check_int("split_dim", split_dim, 1)
+        split_indices = _check_split_indices(split_indices)
+        super().__init__(
+            learning_rate=learning_rate,
+            weight_decay=weight_decay,
+            clipnorm=clipnorm,
+            clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm,
+            use_ema=use_ema,
+            ema_momentum=ema_momentum,
+            ema_overwrite_frequency=ema_overwrite_frequency,
+            loss_scale_factor=loss_scale_factor,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            name=name,
+            **kwargs,
+        )
+        self._damping = damping
+        self.batch_size = batch_size
+        self.frequency = frequency
+        self.split_dim = split_dim
+        self.split_indices = split_indices
+        self.momentum = momentum
+        self.loss_scale = loss_scale
+        self.use_nesterov = use_nesterov
+        self.decay_filter = decay_filter
+        self.enable_clip_grad = enable_clip_grad
+        self.curvature_from_model = False
+
+    @property
+    def damping(self):
+        """The damping: a float or a schedule of the step."""
+        return self._damping
+
+    def current_damping(self):
+        """`λ` of the current step, a float32 scalar."""
+        if callable(self._damping):
+            return ops.cast(self._damping(self.iterations), "float32")
+        return ops.convert_to_tensor(self._damping, "float32")
+
+    def build(self, var_list):
+        """Creates the momentum of every variable, then the inverses.
+
+        In `var_list` order: one momentum per variable; then, for every
+        THOR-aware kernel, its `A⁻¹` blocks `(n, s, s)` (a vector for an
+        Embedding) and its `G⁻¹` blocks, starting as identities; then one
+        counter of curvature refreshes that needed a fallback.
+        """
+        if self.built:
+            return
+        super().build(var_list)
+        self._velocities = [
+            self.add_variable_from_reference(v, "momentum") for v in var_list
+        ]
+        self._kinds = []
+        self._a_inverses = []
+        self._g_inverses = []
+        self._thor_kernel_indices = []
+        for index, variable in enumerate(var_list):
+            layer = capture.thor_layer_of(variable)
+            if layer is None:
+                kind = (
+                    thor_update.LAYER_NORM
+                    if capture.is_layer_norm_variable(variable)
+                    else thor_update.PLAIN
+                )
+                self._kinds.append(kind)
+                self._a_inverses.append(None)
+                self._g_inverses.append(None)
+                continue
+            a_dim, g_dim, a_is_diagonal = layer.thor_factor_dims()
+            prefix = variable.path.replace("/", "_")
+            if a_is_diagonal:
+                a_inverse = self.add_variable(
+                    (a_dim,), "ones", "float32", name=f"{prefix}_a_inverse"
+                )
+            else:
+                blocks, size = block_layout(a_dim, self.split_dim)
+                a_inverse = self.add_variable(
+                    (blocks, size, size),
+                    _identity_blocks,
+                    "float32",
+                    name=f"{prefix}_a_inverse",
+                )
+            blocks, size = block_layout(g_dim, self.split_dim)
+            g_inverse = self.add_variable(
+                (blocks, size, size),
+                _identity_blocks,
+                "float32",
+                name=f"{prefix}_g_inverse",
+            )
+            self._kinds.append(
+                thor_update.DIAGONAL_KRONECKER
+                if a_is_diagonal
+                else thor_update.KRONECKER
+            )
+            self._a_inverses.append(a_inverse)
+            self._g_inverses.append(g_inverse)
+            self._thor_kernel_indices.append(index)
+        if not self._thor_kernel_indices:
+            raise ValueError(
+                "THOR found no THOR-aware layer among the "
+                f"{len(var_list)} variables it trains. Convert the model "
+                "first: `model = keras_thor.convert_to_thor_model(model)`, or "
+                "build it from `keras_thor.layers` (ThorDense, ThorConv2D, "
+                "ThorEmbedding) inside a `keras_thor.models.ThorModel`."
+            )
+        if self.split_indices and self.split_indices[-1] >= len(
+            self._thor_kernel_indices
+        ):
+            raise ValueError(
+                "Every entry of `split_indices` must index one of the "
+                f"{len(self._thor_kernel_indices)} THOR-aware layers. "
+                f"Received: split_indices={self.split_indices}"
+            )
+        self._weight_decays = [self._decay_of(v) for v in var_list]
+        self._curvature_troubles = self.add_variable(
+            (), "zeros", "int32", name="curvature_troubles"
+        )
+
+    def _decay_of(self, variable):
+        if self.decay_filter is not None and not self.decay_filter(variable):
+            return 0.0
+        return self.decay_for(variable)
+
+    @property
+    def curvature_troubles(self):
+        """How many layer refreshes fell back or kept their old inverses."""
+        if not self.built:
+            return 0
+        return int(ops.convert_to_numpy(self._curvature_troubles))
+
+    def refreshes_at(self, step):
+        """Whether step `step` (0-based) refreshes the curvature."""
+        return step % self.frequency == 0
+
+    def _per_step_arrays(self):
+        for name, value in (
+            ("learning_rate", self._learning_rate),
+            ("damping", self._damping),
+        ):
+            if isinstance(value, PerStepSchedule):
+                yield name, value
+
+    def check_schedules_cover(self, steps):
+        """Raises a `ValueError` if a per-step array ends before `steps`."""
+        for name, schedule in self._per_step_arrays():
+            schedule.check_covers(name, steps)
+
+    def steps_covered_from(self, step):
+        """How many steps from `step` on the per-step arrays still cover."""
+        lengths = [len(s) - step for _, s in self._per_step_arrays()]
+        return min(lengths, default=float("inf"))
+
+    def thor_layer_buckets(self):
+        """The kernel indices of the THOR-aware layers, per reduction bucket.
+
+        One bucket by default; `split_indices=[i, j]` cuts after the layers
+        `i` and `j` (MindSpore's all-reduce fusion points).
+        """
+        indices = self._thor_kernel_indices
+        cuts = [0] + [i + 1 for i in (self.split_indices or [])]
+        cuts = sorted(set(cuts + [len(indices)]))
+        return [indices[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+
+    def kernel_index(self, kernel):
+        """The position of `kernel` in the trained variables, or `None`."""
+        return self._trainable_variables_indices.get(self._var_key(kernel))
+
+    def refresh_curvature(self, statistics):
+        """Replaces the stored inverses from fresh factors.
+
+        `statistics` maps a kernel's variable index to `(A, G, c)`: the
+        factors averaged over the (global) batch and the factor scale. Runs
+        inside the training step, before `apply_gradients`.
+        """
+        self.curvature_from_model = True
+        damping = self.current_damping()
+        troubles = []
+        for index, (a, g, factor_scale) in statistics.items():
+            a_var, g_var = self._a_inverses[index], self._g_inverses[index]
+            a_inverse, g_inverse, trouble = factor_inverses(
+                a,
+                g,
+                factor_scale,
+                self._kinds[index] == thor_update.DIAGONAL_KRONECKER,
+                damping,
+                self.split_dim,
+                a_var,
+                g_var,
+            )
+            self.assign(a_var, a_inverse)
+            self.assign(g_var, g_inverse)
+            troubles.append(ops.cast(trouble, "int32"))
+        if troubles:
+            self.assign_add(
+                self._curvature_troubles, ops.sum(ops.stack(troubles))
+            )
+
+    def apply(self, grads, trainable_variables=None):
+        if not self.curvature_from_model:
+            raise ValueError(
+                "THOR gets its curvature from the training step of a "
+                "`keras_thor.models.ThorModel`. Convert the model with "
+                "`keras_thor.convert_to_thor_model(model)`, or subclass "
+                "`keras_thor.models.ThorModel` instead of `keras.Model`."
+            )
+        return super().apply(grads, trainable_variables)
+
+    def update_step(self, gradient, variable, learning_rate):
+        self._update_variables([gradient], [variable], learning_rate)
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        """Updates all variables in one compiled computation on one device.
+
+        Under a strategy (and on other backends) Keras's own per-device
+        loop calls `update_step`.
+        """
+        if not tensorflow_without_strategy():
+            return super()._backend_update_step(
+                grads, trainable_variables, learning_rate
+            )
+        self._update_variables(grads, trainable_variables, learning_rate)
+
+    def _update_variables(self, grads, variables, learning_rate):
+        indices = [self._get_variable_index(v) for v in variables]
+        velocities = [self._velocities[i] for i in indices]
+        results = _fused_thor_updates(
+            list(variables),
+            [dense(g) for g in grads],
+            velocities,
+            [self._a_inverses[i] for i in indices],
+            [self._g_inverses[i] for i in indices],
+            ops.cast(learning_rate, "float32"),
+            self.current_damping(),
+            [self._kinds[i] for i in indices],
+            [self._weight_decays[i] for i in indices],
+            float(self.batch_size),
+            self.momentum,
+            self.use_nesterov,
+            self.enable_clip_grad,
+        )
+        for variable, velocity, (new_variable, new_velocity) in zip(
+            variables, velocities, results
+        ):
+            self.assign(variable, new_variable)
+            self.assign(velocity, new_velocity)
+
+    def get_config(self):
+        config = super().get_config()
+        if config.get("loss_scale_factor") == self.loss_scale:
+            config["loss_scale_factor"] = None
+        config.update(
+            {
+                "damping": keras.saving.serialize_keras_object(self._damping),
+                "momentum": self.momentum,
+                "weight_decay": self.weight_decay,
+                "loss_scale": self.loss_scale,
+                "batch_size": self.batch_size,
+                "use_nesterov": self.use_nesterov,
+                "decay_filter": keras.saving.serialize_keras_object(
+                    self.decay_filter
+                ),
+                "split_indices": self.split_indices,
+                "enable_clip_grad": self.enable_clip_grad,
+                "frequency": self.frequency,
+                "split_dim": self.split_dim,
+            }
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        for key in ("damping", "decay_filter"):
+            if isinstance(config.get(key), dict):
+                config[key] = keras.saving.deserialize_keras_object(
+                    config[key], custom_objects=custom_objects
+                )
+        return super().from_config(config, custom_objects=custom_objects)

@@ -1,0 +1,157 @@
+"""THOR's per-variable update: precondition, decay, clip, momentum.
+
+Pure functions of tensors; `THOR` orchestrates them and assigns the
+results.
+"""
+
+from keras import ops
+
+from keras_thor.src.curvature.preconditioning import (
+    diagonal_kronecker_precondition,
+)
+from keras_thor.src.curvature.preconditioning import kronecker_precondition
+from keras_thor.src.curvature.preconditioning import layer_norm_precondition
+from keras_thor.src.optimizers.finite import if_finite
+from keras_thor.src.optimizers.finite import is_finite
+
+KRONECKER = "kronecker"
+DIAGONAL_KRONECKER = "diagonal_kronecker"
+LAYER_NORM = "layer_norm"
+PLAIN = "plain"
+
+
+def precondition(kind, gradient, a_inverse, g_inverse, damping, batch_size):
+    """The gradient after THOR's preconditioner for a variable of `kind`."""
+    if kind == KRONECKER:
+        return kronecker_precondition(gradient, a_inverse, g_inverse)
+    if kind == DIAGONAL_KRONECKER:
+        return diagonal_kronecker_precondition(gradient, a_inverse, g_inverse)
+    if kind == LAYER_NORM:
+        return layer_norm_precondition(gradient, damping, batch_size)
+    return gradient
+
+
+def clip_by_norm(gradient, clip_norm=1.0):
+    """`g · clip_norm / max(‖g‖, clip_norm)` (MindSpore's `ClipByNorm`)."""
+    norm = ops.sqrt(ops.sum(ops.square(gradient)))
+    return gradient * (clip_norm / ops.maximum(norm, clip_norm))
+
+
+def momentum_step(
+    variable, velocity, direction, learning_rate, momentum, nesterov
+):
+    """MindSpore's `ApplyMomentum`: returns `(variable, velocity)`.
+
+    `v ← μ·v + d; w ← w − lr·v`, or with Nesterov `w ← w − lr·(d + μ·v)`.
+    """
+    velocity = momentum * velocity + direction
+    step = direction + momentum * velocity if nesterov else velocity
+    return variable - learning_rate * step, velocity
+
+
+def thor_update(
+    variable,
+    gradient,
+    velocity,
+    a_inverse,
+    g_inverse,
+    learning_rate,
+    damping,
+    kind,
+    weight_decay,
+    batch_size,
+    momentum,
+    nesterov,
+    clip_gradient,
+):
+    """One THOR step of one variable; returns `(variable, velocity)`.
+
+    The order is MindSpore's: precondition, `+ weight_decay · w`, optional
+    clip by norm 1.0, momentum. The arithmetic is float32. If the
+    preconditioned gradient has a non-finite entry, the variable and its
+    velocity are returned unchanged.
+    """
+    w = ops.cast(variable, "float32")
+    direction = precondition(
+        kind,
+        ops.reshape(ops.cast(gradient, "float32"), variable.shape),
+        a_inverse,
+        g_inverse,
+        damping,
+        batch_size,
+    )
+    if weight_decay:
+        direction = direction + weight_decay * w
+    if clip_gradient:
+        direction = clip_by_norm(direction)
+
+    def updated():
+        new_w, new_velocity = momentum_step(
+            w,
+            ops.cast(velocity, "float32"),
+            direction,
+            learning_rate,
+            momentum,
+            nesterov,
+        )
+        return (
+            ops.cast(new_w, variable.dtype),
+            ops.cast(new_velocity, velocity.dtype),
+        )
+
+    def unchanged():
+        return ops.copy(variable), ops.copy(velocity)
+
+    return if_finite(is_finite(direction), updated, unchanged)
+
+
+def thor_updates(
+    variables,
+    gradients,
+    velocities,
+    a_inverses,
+    g_inverses,
+    learning_rate,
+    damping,
+    kinds,
+    weight_decays,
+    batch_size,
+    momentum,
+    nesterov,
+    clip_gradient,
+):
+    """`thor_update` for several variables at once (lists in, lists out)."""
+    return [
+        thor_update(
+            variable,
+            gradient,
+            velocity,
+            a_inverse,
+            g_inverse,
+            learning_rate,
+            damping,
+            kind,
+            weight_decay,
+            batch_size,
+            momentum,
+            nesterov,
+            clip_gradient,
+        )
+        for (
+            variable,
+            gradient,
+            velocity,
+            a_inverse,
+            g_inverse,
+            kind,
+            weight_decay,
+        ) in zip(
+            variables,
+            gradients,
+            velocities,
+            a_inverses,
+            g_inverses,
+            kinds,
+            weight_decays,
+        )
+    ]
