@@ -34,7 +34,7 @@ test-tensorflow: $(VENV)/.installed
 # The optimizers are written with keras.ops only: run them on JAX and torch.
 test-backends: $(VENV)/.backends
 	for backend in jax torch; do \
-		KERAS_BACKEND=$$backend $(PYTEST) tests/optimizers tests/callbacks tests/schedules \
+		KERAS_BACKEND=$$backend $(PYTEST) tests/optimizers tests/callbacks tests/schedules tests/thor \
 			|| [ $$? -eq 5 ] || exit 1; \
 	done
 

@@ -1,5 +1,7 @@
 """Small models and data shared by the tests."""
 
+import functools
+
 import keras
 import numpy as np
 
@@ -40,3 +42,19 @@ def assert_all_close(actual, expected, atol=1e-6, rtol=1e-6):
     assert len(actual) == len(expected)
     for a, e in zip(actual, expected):
         np.testing.assert_allclose(a, e, atol=atol, rtol=rtol)
+
+
+@functools.cache
+def mirrored_strategy(replicas):
+    """One MirroredStrategy per replica count for the whole test session.
+
+    Two strategies over the same devices start their collective instance
+    keys at the same value, so collectives traced under one can collide
+    with the other's ("Shape mismatch in the collective instance"):
+    TensorFlow expects one strategy per process.
+    """
+    import tensorflow as tf
+
+    return tf.distribute.MirroredStrategy(
+        [f"/cpu:{i}" for i in range(replicas)]
+    )

@@ -10,8 +10,11 @@ PACKAGE = pathlib.Path(keras_thor.__file__).parent
 TENSORFLOW_MODULES = {
     "src/backend/dense.py",
     "src/backend/fusion.py",
+    "src/backend/linalg.py",
     "src/backend/memory_update.py",
+    "src/backend/patches.py",
     "src/backend/single_device.py",
+    "src/backend/thor_training.py",
 }
 
 
@@ -33,7 +36,18 @@ def _modules():
 
 
 def test_public_modules_export_the_optimizers_and_callbacks():
-    assert keras_thor.optimizers.__all__ == ["ASGD", "SAG"]
+    assert keras_thor.optimizers.__all__ == ["ASGD", "SAG", "THOR"]
+    assert keras_thor.thor is keras_thor.optimizers.THOR
+    assert keras_thor.layers.__all__ == [
+        "ThorConv2D",
+        "ThorDense",
+        "ThorEmbedding",
+        "ThorLayerNormalization",
+    ]
+    assert "convert_to_thor_model" in keras_thor.models.__all__
+    assert keras_thor.convert_to_thor_model is (
+        keras_thor.models.convert_to_thor_model
+    )
     assert keras_thor.callbacks.__all__ == ["SwapAveragedWeights"]
     assert "ThorResNetLearningRate" in keras_thor.schedules.__all__
     for name in keras_thor.optimizers.__all__:

@@ -1,7 +1,13 @@
 """Public models of keras_thor: Keras models that train with THOR."""
 
 from keras_thor.src.models.convert import convert_to_thor_model
+from keras_thor.src.models.thor_model import ThorFunctional
 from keras_thor.src.models.thor_model import ThorModel
 from keras_thor.src.models.thor_model import ThorSequential
 
-__all__ = ["ThorModel", "ThorSequential", "convert_to_thor_model"]
+__all__ = [
+    "ThorFunctional",
+    "ThorModel",
+    "ThorSequential",
+    "convert_to_thor_model",
+]

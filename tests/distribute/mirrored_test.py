@@ -20,10 +20,7 @@ OPTIMIZERS = {
 
 
 def _strategy(replicas):
-    import tensorflow as tf
-
-    devices = [f"/cpu:{i}" for i in range(replicas)]
-    return tf.distribute.MirroredStrategy(devices)
+    return helpers.mirrored_strategy(replicas)
 
 
 def _train(make_optimizer, strategy=None, callbacks=()):

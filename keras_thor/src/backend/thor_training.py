@@ -160,14 +160,51 @@ class ThorTrainFunction:
     Each call runs `model.steps_per_execution` steps (fewer at the end of
     the data), as Keras's own train function does; a refresh step runs
     alone, the plain steps between refreshes run as one compiled loop.
+    With one step per execution each call is one traced function that
+    fetches its batch itself, as Keras's own, and the step count is kept
+    in Python between calls (read back from the optimizer at the start of
+    each `fit` and whenever a `LossScaleOptimizer` may skip steps).
     """
 
     def __init__(self, model):
         self.model = model
+        # The traced one-step functions, by `refresh` (for introspection).
+        self.compiled_steps = {}
         self._refresh_step = self._one_step(refresh=True)
         self._plain_step = self._one_step(refresh=False)
         self._plain_steps = self._compile(self._plain_loop, jit=False)
+        self._refresh_on_iterator = self._compile(
+            lambda iterator: self._refresh_step(iterator.get_next()), jit=False
+        )
+        self._plain_on_iterator = self._compile(
+            lambda iterator: self._plain_step(iterator.get_next()), jit=False
+        )
         self._warned = False
+        self._step = None
+
+    def resync(self):
+        """Reads the step count from the optimizer before the next step."""
+        self._step = None
+
+    def _current_step(self, thor):
+        if self._step is None or isinstance(
+            self.model.optimizer, keras.optimizers.LossScaleOptimizer
+        ):
+            self._step = int(ops.convert_to_numpy(thor.iterations))
+        return self._step
+
+    def _single_step(self, thor, iterator):
+        """One step that fetches its own batch (end of data: OutOfRange)."""
+        if thor is None:
+            return self._plain_on_iterator(iterator)
+        step = self._current_step(thor)
+        thor.check_schedules_cover(step + 1)
+        if thor.refreshes_at(step):
+            logs = self._refresh(thor, self._refresh_on_iterator, iterator)
+        else:
+            logs = self._plain_on_iterator(iterator)
+        self._step = step + 1
+        return logs
 
     def _compile(self, fn, jit):
         import tensorflow as tf
@@ -189,22 +226,41 @@ class ThorTrainFunction:
             return _reduce_logs(logs, strategy)
 
         compiled = self._compile(one_step, jit=model.jit_compile)
+        self.compiled_steps[refresh] = compiled
         return model._autoconvert_optionals(compiled)
 
-    def _plain_loop(self, iterator, steps):
+    def _plain_loop(self, iterator, steps, logs):
+        """`steps` more plain steps after one that returned `logs`.
+
+        Stops early when the data runs out (as Keras's own loop does);
+        returns the logs of the last step run.
+        """
         import tensorflow as tf
 
-        logs = self._plain_step(iterator.get_next())
         if self.model.run_eagerly:
-            for _ in range(int(steps) - 1):
-                logs = self._plain_step(iterator.get_next())
+            for _ in range(int(steps)):
+                batch = iterator.get_next_as_optional()
+                if not batch.has_value():
+                    break
+                logs = self._plain_step(batch.get_value())
             return logs
 
-        def body(step, logs):
-            return step + 1, self._plain_step(iterator.get_next())
+        def more(step, batch):
+            return tf.logical_and(step < steps, batch.has_value())
 
-        _, logs = tf.while_loop(
-            lambda step, _: step < steps, body, (tf.constant(1), logs)
+        def body(step, logs, batch):
+            logs = self._plain_step(batch.get_value())
+            batch = tf.cond(
+                step + 1 < steps,
+                iterator.get_next_as_optional,
+                lambda: batch,
+            )
+            return step + 1, logs, batch
+
+        _, logs, _ = tf.while_loop(
+            lambda step, logs, batch: more(step, batch),
+            body,
+            (tf.constant(0), logs, iterator.get_next_as_optional()),
         )
         return logs
 
@@ -218,24 +274,31 @@ class ThorTrainFunction:
             iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)
         ):
             return self._run_on_batches(thor, iterator)
+        if self.model.steps_per_execution == 1:
+            return self._single_step(thor, iterator)
+        self.resync()
         logs = None
         remaining = self.model.steps_per_execution
-        try:
-            while remaining > 0:
-                count = (
-                    remaining
-                    if thor is None
-                    else self._next_run(thor, remaining)
-                )
-                if count == 0:
-                    logs = self._refresh(thor, iterator.get_next())
-                    count = 1
-                else:
-                    logs = self._plain_steps(iterator, tf.constant(count))
-                remaining -= count
-        except tf.errors.OutOfRangeError:
-            if logs is None:
-                raise
+        while remaining > 0:
+            count = (
+                remaining if thor is None else self._next_run(thor, remaining)
+            )
+            batch = iterator.get_next_as_optional()
+            if not batch.has_value():
+                break
+            if count == 0:
+                data = batch.get_value()
+                logs = self._refresh(thor, self._refresh_step, data)
+                count = 1
+            else:
+                logs = self._plain_step(batch.get_value())
+                if count > 1:
+                    logs = self._plain_steps(
+                        iterator, tf.constant(count - 1), logs
+                    )
+            remaining -= count
+        if logs is None:
+            raise tf.errors.OutOfRangeError(None, None, "End of data.")
         return logs
 
     def _next_run(self, thor, remaining):
@@ -255,17 +318,18 @@ class ThorTrainFunction:
         )
 
     def _run_on_batches(self, thor, batches):
+        self.resync()
         logs = None
         for _, data in zip(range(self.model.steps_per_execution), batches):
             if thor is not None and self._next_run(thor, 1) == 0:
-                logs = self._refresh(thor, data)
+                logs = self._refresh(thor, self._refresh_step, data)
             else:
                 logs = self._plain_step(data)
         return logs
 
-    def _refresh(self, thor, data):
+    def _refresh(self, thor, refresh_step, argument):
         before = thor.curvature_troubles
-        logs = self._refresh_step(data)
+        logs = refresh_step(argument)
         troubles = thor.curvature_troubles - before
         if troubles and not self._warned:
             warnings.warn(

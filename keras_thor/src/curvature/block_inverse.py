@@ -60,19 +60,25 @@ def inverse_via_cholesky(blocks):
 def damped_block_inverse(factor, damping, split_dim):
     """Blocks of `(factor + damping * I)⁻¹` and whether it needed a fallback.
 
-    Returns `(inverse_blocks, fell_back)`. When a block of the damped factor
-    is not numerically positive definite, the factor is damped again with
-    its mean diagonal added (a more damped, always invertible matrix); the
-    caller keeps its previous inverse if even that is not finite.
+    Returns `(inverse_blocks, fell_back)`. The damping is added before the
+    last block is padded, so the padding stays an identity. When a block of
+    the damped factor is not numerically positive definite (round-off on a
+    nearly singular factor), the factor is damped again with its mean
+    diagonal added; the caller keeps its previous inverse if even that is
+    not finite.
     """
-    blocks = diagonal_blocks(factor, split_dim)
-    identity = ops.eye(blocks.shape[-1], dtype=blocks.dtype)
-    inverse = inverse_via_cholesky(blocks + damping * identity)
+    identity = ops.eye(factor.shape[-1], dtype=factor.dtype)
+
+    def inverse_with(shift):
+        return inverse_via_cholesky(
+            diagonal_blocks(factor + shift * identity, split_dim)
+        )
+
+    inverse = inverse_with(damping)
     fell_back = ops.logical_not(ops.all(ops.isfinite(inverse)))
 
     def more_damped():
-        extra = ops.abs(ops.mean(ops.diagonal(factor)))
-        return inverse_via_cholesky(blocks + (damping + extra) * identity)
+        return inverse_with(damping + ops.abs(ops.mean(ops.diagonal(factor))))
 
     return ops.cond(fell_back, more_damped, lambda: inverse), fell_back
 

@@ -56,3 +56,31 @@ def factor_inverses(
         ops.where(usable, g_inverse, previous_g_inverse),
         trouble,
     )
+
+
+def layers_factor_inverses(
+    factors,
+    previous_a_inverses,
+    previous_g_inverses,
+    damping,
+    factor_scales,
+    a_is_diagonal,
+    split_dim,
+):
+    """`factor_inverses` for several layers (lists in, a list out).
+
+    `factors` holds one `(A, G)` per layer; `factor_scales` and
+    `a_is_diagonal` are Python constants per layer.
+    """
+    return [
+        factor_inverses(
+            a, g, scale, diagonal, damping, split_dim, previous_a, previous_g
+        )
+        for (a, g), previous_a, previous_g, scale, diagonal in zip(
+            factors,
+            previous_a_inverses,
+            previous_g_inverses,
+            factor_scales,
+            a_is_diagonal,
+        )
+    ]

@@ -64,7 +64,7 @@ def convert_to_thor_model(model):
     `ThorEmbedding` and `ThorLayerNormalization`; every other layer is
     rebuilt from its config. The result is a
     `keras_thor.models.ThorSequential` (for a Sequential) or a
-    `keras_thor.models.ThorModel` (for a Functional model), not compiled,
+    `keras_thor.models.ThorFunctional` (for a Functional model), not compiled,
     holding copies of `model`'s weights. The MindSpore equivalent is
     `ConvertModelUtils.convert_to_thor_model` plus `nn.thor(net, ...)`.
 

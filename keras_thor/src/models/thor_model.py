@@ -17,6 +17,8 @@ class ThorTrainer:
 
     def make_train_function(self, force=False):
         if self.train_function is not None and not force:
+            if hasattr(self.train_function, "resync"):
+                self.train_function.resync()
             return self.train_function
         if keras.backend.backend() != "tensorflow":
             raise NotImplementedError(
@@ -27,6 +29,26 @@ class ThorTrainer:
 
         self.train_function = ThorTrainFunction(self)
         return self.train_function
+
+
+def _functional_arguments(args, kwargs):
+    # The test `keras.Model` uses to tell a Functional construction.
+    return (
+        len(args) == 2
+        or (len(args) == 1 and "outputs" in kwargs)
+        or ("inputs" in kwargs and "outputs" in kwargs)
+    )
+
+
+@keras_thor_export
+class ThorFunctional(ThorTrainer, keras.Model):
+    """A Functional `keras.Model` whose training step feeds THOR.
+
+    What `ThorModel(inputs, outputs)` and `convert_to_thor_model` return
+    for Functional models. (Keras turns a class used functionally into a
+    Functional subclass for good; keeping this class apart keeps
+    `ThorModel` subclassable.)
+    """
 
 
 @keras_thor_export
@@ -47,10 +69,17 @@ class ThorModel(ThorTrainer, keras.Model):
             return self.logits(self.hidden(x))
     ```
 
-    `keras_thor.convert_to_thor_model` returns one for a Functional model.
-    Training with THOR needs the TensorFlow backend; `evaluate` and
-    `predict` are Keras's own.
+    `ThorModel(inputs, outputs)` returns a `ThorFunctional`, as does
+    `keras_thor.convert_to_thor_model` for a Functional model; a subclass
+    whose constructor calls `super().__init__(inputs, outputs)` should
+    derive from `ThorFunctional`. Training with THOR needs the TensorFlow
+    backend; `evaluate` and `predict` are Keras's own.
     """
+
+    def __new__(cls, *args, **kwargs):
+        if cls is ThorModel and _functional_arguments(args, kwargs):
+            return ThorFunctional(*args, **kwargs)
+        return super().__new__(cls, *args, **kwargs)
 
 
 @keras_thor_export

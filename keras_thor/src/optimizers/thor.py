@@ -8,13 +8,14 @@ from keras_thor.src.backend.dense import dense
 from keras_thor.src.backend.fusion import fused
 from keras_thor.src.backend.single_device import tensorflow_without_strategy
 from keras_thor.src.curvature.block_inverse import block_layout
-from keras_thor.src.curvature.factor_inverses import factor_inverses
+from keras_thor.src.curvature.factor_inverses import layers_factor_inverses
 from keras_thor.src.layers import capture
 from keras_thor.src.optimizers import thor_update
 from keras_thor.src.optimizers.docstrings import with_base_keyword_args
 from keras_thor.src.optimizers.reference_optimizer import ReferenceOptimizer
 from keras_thor.src.schedules.per_step import PerStepSchedule
 from keras_thor.src.schedules.per_step import is_per_step_array
+from keras_thor.src.schedules.per_step import per_step_values
 from keras_thor.src.utils import validation
 
 _fused_thor_updates = fused(thor_update.thor_updates)
@@ -32,7 +33,8 @@ def _check_rate(name, value, strictly_positive):
     ):
         return value
     if is_per_step_array(value):
-        return PerStepSchedule(value, name=name)
+        values = per_step_values(name, value, 0.0, strictly_positive)
+        return PerStepSchedule(values, name=name)
     value = validation.check_float(name, value, minimum=0.0)
     if strictly_positive and value == 0:
         raise ValueError(f"Argument `{name}` must be > 0. Received: {name}=0.0")
@@ -380,27 +382,26 @@ class THOR(ReferenceOptimizer):
         inside the training step, before `apply_gradients`.
         """
         self.curvature_from_model = True
-        damping = self.current_damping()
+        if not statistics:
+            return
+        indices = sorted(statistics)
+        # Not compiled: XLA's CPU Cholesky and triangular solve were 10x
+        # slower than TensorFlow's (docs/benchmarks.md).
+        results = layers_factor_inverses(
+            [statistics[i][:2] for i in indices],
+            [self._a_inverses[i] for i in indices],
+            [self._g_inverses[i] for i in indices],
+            self.current_damping(),
+            [float(statistics[i][2]) for i in indices],
+            [self._kinds[i] == thor_update.DIAGONAL_KRONECKER for i in indices],
+            self.split_dim,
+        )
         troubles = []
-        for index, (a, g, factor_scale) in statistics.items():
-            a_var, g_var = self._a_inverses[index], self._g_inverses[index]
-            a_inverse, g_inverse, trouble = factor_inverses(
-                a,
-                g,
-                factor_scale,
-                self._kinds[index] == thor_update.DIAGONAL_KRONECKER,
-                damping,
-                self.split_dim,
-                a_var,
-                g_var,
-            )
-            self.assign(a_var, a_inverse)
-            self.assign(g_var, g_inverse)
+        for index, (a_inverse, g_inverse, trouble) in zip(indices, results):
+            self.assign(self._a_inverses[index], a_inverse)
+            self.assign(self._g_inverses[index], g_inverse)
             troubles.append(ops.cast(trouble, "int32"))
-        if troubles:
-            self.assign_add(
-                self._curvature_troubles, ops.sum(ops.stack(troubles))
-            )
+        self.assign_add(self._curvature_troubles, ops.sum(ops.stack(troubles)))
 
     def apply(self, grads, trainable_variables=None):
         if not self.curvature_from_model:

@@ -36,7 +36,7 @@ def per_step_values(name, values, minimum, strictly_positive):
         bound = f"> {minimum}" if strictly_positive else f">= {minimum}"
         raise ValueError(
             f"Every value of `{name}` must be finite and {bound}. Received: "
-            f"{name}[{first}]={array[first]!r}"
+            f"{name}[{first}]={float(array[first])!r}"
         )
     return array.astype("float32")
 

@@ -1,0 +1,301 @@
+"""THOR's step cost against SGD with momentum and against its flop floor.
+
+Benchmark 2 of docs/benchmarks.md, on the two models of benchmark 1
+(`thor_time_to_accuracy.py`, same batch sizes). A THOR step that does not
+refresh the curvature adds the preconditioning product to an SGD step; per
+layer that product costs, relative to the layer's forward and backward
+pass (N rows; a convolution divides by its T output positions too):
+
+    direct   A⁻¹·g·G⁻¹:        (d_in + d_out) / (3·N·T)
+    factored (A⁻¹aᵀ)(dz·G⁻¹):  (d_in² + d_out² + d_in·d_out) / (3·d_in·d_out)
+
+so the floor of (non-refresh step / SGD step) is 1 + Σ ratio · share, the
+share being the layer's part of the model's forward and backward flops.
+Measured in `model.fit`, a callback timing every step, median over the
+rounds: SGD momentum, THOR's non-refresh step, THOR's refresh step, and the
+mean step at frequency 100 (one refresh per 100 steps); then the refresh
+step split into capture / inverse / precondition (each piece timed alone as
+a traced function), and THOR's state memory against SGD momentum's.
+
+    python benchmarks/thor_step_cost.py [--models mlp cnn] [--rounds 5]
+"""
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(__file__))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from thor_time_to_accuracy import LOSS  # noqa: E402
+from thor_time_to_accuracy import SETUPS  # noqa: E402
+from thor_time_to_accuracy import digits  # noqa: E402
+
+import keras_thor  # noqa: E402
+from keras_thor.src.curvature.factor_inverses import factor_inverses  # noqa: E402
+from keras_thor.src.layers import capture  # noqa: E402
+from keras_thor.src.optimizers import thor_update  # noqa: E402
+
+
+class StepTimer(keras.callbacks.Callback):
+    """Seconds of every step (batch begin to batch end), by optimizer step.
+
+    Keras calls the train function between the two callbacks, so the time
+    is the step's; the step number is read before the clock starts.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.seconds, self.steps = [], []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.steps.append(int(self.model.optimizer.iterations.numpy()))
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seconds.append(time.perf_counter() - self._start)
+
+
+def _model(setup, optimizer):
+    keras.utils.set_random_seed(0)
+    model = setup["build"]()
+    if isinstance(optimizer, keras_thor.optimizers.THOR):
+        model = keras_thor.convert_to_thor_model(model)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    return model
+
+
+def _fit(model, x, y, batch, epochs, timer=None):
+    model.fit(
+        x,
+        y,
+        batch_size=batch,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=[timer] if timer else [],
+    )
+
+
+def layer_costs(model, batch):
+    """Per THOR-aware layer: (name, d_in, d_out, T, flops share)."""
+    layers = []
+    for layer in model._flatten_layers(include_self=False):
+        if not hasattr(layer, "thor_factor_dims"):
+            continue
+        d_in, d_out, _ = layer.thor_factor_dims()
+        positions = 1
+        if isinstance(layer, keras.layers.Conv2D):
+            positions = int(np.prod(layer.output.shape[1:3]))
+        layers.append((layer.name, d_in, d_out, positions))
+    flops = [d_in * d_out * t for _, d_in, d_out, t in layers]
+    total = sum(flops)
+    return [(*layer, f / total) for layer, f in zip(layers, flops)], batch
+
+
+def floor_report(costs, batch):
+    print(
+        f"  {'layer':<16} {'d_in':>5} {'d_out':>5} {'T':>4} {'share':>6} "
+        f"{'direct':>7} {'factored':>8} cheaper"
+    )
+    floor = 1.0
+    for name, d_in, d_out, positions, share in costs:
+        direct = (d_in + d_out) / (3 * batch * positions)
+        factored = (d_in**2 + d_out**2 + d_in * d_out) / (3 * d_in * d_out)
+        cheaper = "direct" if direct <= factored else "factored"
+        floor += direct * share  # the order keras_thor uses
+        print(
+            f"  {name:<16} {d_in:>5} {d_out:>5} {positions:>4} {share:>6.3f} "
+            f"{direct:>7.3f} {factored:>8.3f} {cheaper}"
+        )
+    return floor
+
+
+def _median_step(timer, keep):
+    return float(
+        np.median(
+            [s for s, step in zip(timer.seconds, timer.steps) if keep(step)]
+        )
+    )
+
+
+def _time(fn, *args, repeats=30):
+    fn(*args)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        result = fn(*args)
+    keras.tree.map_structure(
+        lambda t: t.numpy() if hasattr(t, "numpy") else t, result
+    )
+    return (time.perf_counter() - start) / repeats
+
+
+def refresh_pieces(model, x, y):
+    """Seconds of capture, inversion and preconditioning, each alone."""
+    thor = model.optimizer
+    variables = model.trainable_weights
+
+    @tf.function
+    def backward(x, y):
+        with tf.GradientTape() as tape:
+            loss = LOSS(y, model(x, training=True))
+        return tape.gradient(loss, variables)
+
+    kernels = []
+
+    @tf.function
+    def backward_and_statistics(x, y):
+        with tf.GradientTape() as tape:
+            with capture.capture_layer_calls() as calls:
+                loss = LOSS(y, model(x, training=True))
+        outputs = [call.outputs for call in calls]
+        grads = tape.gradient(loss, variables + outputs)
+        scale = tf.cast(tf.shape(x)[0], "float32")
+        kernels[:] = [
+            thor.kernel_index(call.layer.thor_kernel) for call in calls
+        ]
+        stats = [
+            call.layer.thor_statistics(call.inputs, dz * scale)
+            for call, dz in zip(calls, grads[len(variables) :])
+        ]
+        return grads[: len(variables)], [
+            (a / rows, g / rows, c) for a, g, rows, c in stats
+        ]
+
+    _, stats = backward_and_statistics(x, y)
+
+    @tf.function
+    def invert(stats):
+        damping = thor.current_damping()
+        return [
+            factor_inverses(
+                a,
+                g,
+                c,
+                thor._kinds[i] == thor_update.DIAGONAL_KRONECKER,
+                damping,
+                thor.split_dim,
+                thor._a_inverses[i],
+                thor._g_inverses[i],
+            )[:2]
+            for (a, g, c), i in zip(stats, kernels)
+        ]
+
+    grads = backward(x, y)
+
+    @tf.function
+    def precondition(grads):
+        damping = thor.current_damping()
+        return [
+            thor_update.precondition(
+                thor._kinds[i],
+                grads[i],
+                thor._a_inverses[i],
+                thor._g_inverses[i],
+                damping,
+                float(thor.batch_size),
+            )
+            for i in kernels
+        ]
+
+    plain = _time(backward, x, y)
+    captured = _time(backward_and_statistics, x, y)
+    return captured - plain, _time(invert, stats), _time(precondition, grads)
+
+
+def _state_bytes(optimizer):
+    return sum(
+        int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+        for v in optimizer.variables
+    )
+
+
+def benchmark(model_name, rounds):
+    setup = SETUPS[model_name]
+    batch = setup["batch"]
+    x, _, y, _ = digits(0, setup["images"])
+    epochs = max(2, -(-200 // (len(x) // batch)))  # >= 200 timed steps
+
+    def thor(frequency):
+        return keras_thor.optimizers.THOR(
+            0.01, setup["damping"], 0.9, frequency=frequency
+        )
+
+    # The non-refresh run is as long as the frequency-100 one, so that both
+    # means average the same mix of epoch-start and inner steps.
+    runs = {
+        "sgd": _model(setup, keras.optimizers.SGD(0.01, momentum=0.9)),
+        "plain": _model(setup, thor(10**9)),
+        "refresh": _model(setup, thor(2)),
+        "frequency 100": _model(setup, thor(100)),
+    }
+    for model in runs.values():  # trace, compile, warm up
+        _fit(model, x, y, batch, 2)
+    timers = {name: StepTimer() for name in runs}
+    for _ in range(rounds):
+        for name, model in runs.items():
+            model.optimizer.iterations.assign(0)
+            _fit(
+                model,
+                x,
+                y,
+                batch,
+                epochs if name in ("plain", "frequency 100") else 1,
+                timers[name],
+            )
+    sgd = _median_step(timers["sgd"], lambda s: True)
+    plain = _median_step(timers["plain"], lambda s: s > 0)  # 0 refreshes
+    refresh = _median_step(timers["refresh"], lambda s: s % 2 == 0)
+    # Means over whole epochs (epoch-start steps included) on both sides.
+    mean_f100 = float(np.mean(timers["frequency 100"].seconds))
+    mean_plain = float(np.mean(timers["plain"].seconds))
+
+    costs, n = layer_costs(runs["plain"], batch)
+    print(f"\n{model_name}: batch {batch}, {rounds} rounds")
+    floor = floor_report(costs, n)
+    capture_s, inverse_s, precondition_s = refresh_pieces(
+        runs["plain"], x[:batch], y[:batch]
+    )
+    print(
+        f"  SGD momentum step        {1e3 * sgd:7.2f} ms\n"
+        f"  THOR non-refresh step    {1e3 * plain:7.2f} ms  "
+        f"{plain / sgd:.3f}x SGD; flop floor {floor:.3f}x; "
+        f"{plain / sgd / floor:.3f}x the floor (target <= 1.25)\n"
+        f"  THOR refresh step        {1e3 * refresh:7.2f} ms  "
+        f"(capture {1e3 * capture_s:.2f}, inverse {1e3 * inverse_s:.2f}, "
+        f"precondition {1e3 * precondition_s:.2f} ms, each alone)\n"
+        f"  THOR mean step, f=100    {1e3 * mean_f100:7.2f} ms  "
+        f"{mean_f100 / mean_plain:.3f}x the mean non-refresh step "
+        f"({1e3 * mean_plain:.2f} ms, target <= 1.3)"
+    )
+    sgd_state = _state_bytes(runs["sgd"].optimizer)
+    thor_state = _state_bytes(runs["plain"].optimizer)
+    params = sum(
+        int(np.prod(w.shape)) * 4 for w in runs["sgd"].trainable_weights
+    )
+    print(
+        f"  optimizer state: SGD momentum {sgd_state / 1024:.1f} KiB, THOR "
+        f"{thor_state / 1024:.1f} KiB (momentum + inverses; weights "
+        f"{params / 1024:.1f} KiB)"
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["mlp", "cnn"])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    print(
+        f"keras {keras.__version__}, backend {keras.backend.backend()}, "
+        f"{os.cpu_count()} CPUs"
+    )
+    for model_name in args.models:
+        benchmark(model_name, args.rounds)
+
+
+if __name__ == "__main__":
+    main()

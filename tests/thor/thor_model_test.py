@@ -1,0 +1,376 @@
+"""THOR in Keras workflows: conversion, the two steps, robustness."""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+import keras_thor
+from keras_thor.src.layers import thor_dense
+from tests import helpers
+
+pytestmark = pytest.mark.tf_only
+
+
+def _digits_like(samples=96, features=12, classes=4, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(samples, features)).astype("float32")
+    y = (x[:, :classes].argmax(axis=1)).astype("int32")
+    return x, y
+
+
+def _thor(**overrides):
+    options = dict(learning_rate=0.05, damping=0.05, momentum=0.9, frequency=3)
+    options.update(overrides)
+    return keras_thor.optimizers.THOR(**options)
+
+
+def _converted_mlp(optimizer=None, features=12, classes=4):
+    base = keras.Sequential(
+        [
+            keras.Input((features,)),
+            keras.layers.Dense(16, activation="relu", name="hidden"),
+            keras.layers.Dense(classes, name="logits"),
+        ]
+    )
+    model = keras_thor.convert_to_thor_model(base)
+    model.compile(
+        optimizer=optimizer or _thor(),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def _fit(model, epochs=2, **kwargs):
+    x, y = _digits_like()
+    return model.fit(
+        x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0, **kwargs
+    )
+
+
+# Conversion.
+
+
+def test_convert_sequential_keeps_weights_names_and_outputs():
+    base = keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(4, 3, padding="same", name="conv"),
+            keras.layers.BatchNormalization(name="bn"),
+            keras.layers.Conv2D(4, 3, groups=2, name="grouped"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(3, name="head"),
+        ],
+        name="small",
+    )
+    converted = keras_thor.convert_to_thor_model(base)
+    assert isinstance(converted, keras_thor.models.ThorSequential)
+    assert converted.name == "small"
+    assert [type(layer).__name__ for layer in converted.layers] == [
+        "ThorConv2D",
+        "BatchNormalization",
+        "Conv2D",
+        "Flatten",
+        "ThorDense",
+    ]
+    assert [layer.name for layer in converted.layers] == [
+        layer.name for layer in base.layers
+    ]
+    assert [w.name for w in converted.weights] == [w.name for w in base.weights]
+    helpers.assert_all_close(
+        helpers.weights_of(converted), helpers.weights_of(base)
+    )
+    x = np.random.default_rng(0).normal(size=(5, 8, 8, 1)).astype("float32")
+    np.testing.assert_allclose(converted(x), base(x), rtol=1e-6, atol=1e-6)
+
+
+def test_convert_functional_with_a_nested_model_and_shared_layer():
+    inner = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(6, name="inner_dense")],
+        name="inner",
+    )
+    inputs = keras.Input((5,), dtype="int32")
+    embedded = keras.layers.Embedding(20, 6, name="embed")(inputs)
+    normed = keras.layers.LayerNormalization(name="norm")(embedded)
+    shared = keras.layers.Dense(6, activation="tanh", name="shared")
+    hidden = shared(shared(normed))
+    pooled = keras.layers.GlobalAveragePooling1D()(hidden)
+    outputs = keras.layers.Dense(2, name="head")(inner(pooled))
+    base = keras.Model(inputs, outputs, name="encoder")
+    converted = keras_thor.convert_to_thor_model(base)
+    assert isinstance(converted, keras_thor.models.ThorFunctional)
+    kinds = {layer.name: type(layer).__name__ for layer in converted.layers}
+    assert kinds["embed"] == "ThorEmbedding"
+    assert kinds["norm"] == "ThorLayerNormalization"
+    assert kinds["shared"] == "ThorDense"
+    nested = converted.get_layer("inner")
+    assert type(nested.get_layer("inner_dense")).__name__ == "ThorDense"
+    x = np.random.default_rng(0).integers(0, 20, (4, 5)).astype("int32")
+    np.testing.assert_allclose(converted(x), base(x), rtol=1e-6, atol=1e-6)
+
+    converted.compile(
+        optimizer=_thor(),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    y = np.array([0, 1, 1, 0])
+    converted.fit(x, y, epochs=2, verbose=0)
+    optimizer = converted.optimizer
+    assert len(optimizer._thor_kernel_indices) == 4
+    assert optimizer.curvature_troubles == 0
+    assert all(np.isfinite(w).all() for w in helpers.weights_of(converted))
+
+
+def test_convert_resnet50_swaps_every_convolution_and_the_head():
+    base = keras.applications.ResNet50(
+        weights=None, input_shape=(32, 32, 3), classes=10
+    )
+    converted = keras_thor.convert_to_thor_model(base)
+    names = [type(layer).__name__ for layer in converted.layers]
+    assert names.count("ThorConv2D") == 53
+    assert names.count("ThorDense") == 1
+    assert "Conv2D" not in names and "Dense" not in names
+    assert len(converted.weights) == len(base.weights)
+    x = np.random.default_rng(0).normal(size=(2, 32, 32, 3)).astype("float32")
+    np.testing.assert_allclose(
+        converted.predict(x, verbose=0), base.predict(x, verbose=0), atol=1e-5
+    )
+
+
+def test_convert_rejects_what_it_cannot_rewrite():
+    with pytest.raises(TypeError, match="`model` must be a `keras.Model`"):
+        keras_thor.convert_to_thor_model(keras.layers.Dense(2))
+
+    class Subclassed(keras.Model):
+        def call(self, x):
+            return x
+
+    with pytest.raises(ValueError, match="subclass `keras_thor.models"):
+        keras_thor.convert_to_thor_model(Subclassed())
+    with pytest.raises(ValueError, match="must be built"):
+        keras_thor.convert_to_thor_model(
+            keras.Sequential([keras.layers.Dense(2)])
+        )
+
+
+def test_thor_on_an_unconverted_model_says_to_convert():
+    model = helpers.mlp()
+    model.compile(optimizer=_thor(), loss="mse")
+    x, y = helpers.regression_data()
+    with pytest.raises(ValueError, match="convert_to_thor_model"):
+        model.fit(x, y, verbose=0)
+
+
+def test_thor_layers_in_a_plain_keras_model_say_to_use_thor_model():
+    model = keras.Sequential(
+        [keras.Input((6,)), keras_thor.layers.ThorDense(3)]
+    )
+    model.compile(optimizer=_thor(), loss="mse")
+    x, y = helpers.regression_data()
+    with pytest.raises(ValueError, match="ThorModel"):
+        model.fit(x, y, verbose=0)
+
+
+def test_subclassed_thor_model_trains():
+    class Classifier(keras_thor.models.ThorModel):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.hidden = keras_thor.layers.ThorDense(16, activation="relu")
+            self.logits = keras_thor.layers.ThorDense(4)
+
+        def call(self, x):
+            return self.logits(self.hidden(x))
+
+    model = Classifier()
+    model.compile(
+        optimizer=_thor(),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    history = _fit(model, epochs=3)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    assert len(model.optimizer._thor_kernel_indices) == 2
+
+
+def test_thor_model_with_another_optimizer_trains_as_keras():
+    x, labels = _digits_like()
+    y = np.eye(4, dtype="float32")[labels]
+    results = []
+    for converted in (True, False):
+        keras.utils.set_random_seed(3)
+        base = keras.Sequential(
+            [keras.Input((12,)), keras.layers.Dense(4, name="d")]
+        )
+        model = keras_thor.convert_to_thor_model(base) if converted else base
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        model.fit(x, y, batch_size=16, shuffle=False, verbose=0)
+        results.append(helpers.weights_of(model))
+    helpers.assert_all_close(results[0], results[1], atol=1e-6)
+
+
+# The two traced steps.
+
+
+def test_statistics_are_computed_on_refresh_steps_only(monkeypatch):
+    counter = keras.Variable(0, dtype="int32", trainable=False)
+    original = thor_dense.dense_statistics
+
+    def counted(inputs, sample_output_grads):
+        counter.assign_add(1)
+        return original(inputs, sample_output_grads)
+
+    monkeypatch.setattr(thor_dense, "dense_statistics", counted)
+    model = _converted_mlp(_thor(frequency=4))
+    inverses = []
+
+    class Inverses(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            inverses.append(np.array(model.optimizer._g_inverses[2].numpy()))
+
+    _fit(model, epochs=2, callbacks=[Inverses()])  # 12 steps
+    # Refreshes at steps 0, 4, 8; two THOR layers each.
+    assert int(counter.numpy()) == 3 * 2
+    for step in range(12):
+        same_as_previous = step > 0 and np.array_equal(
+            inverses[step], inverses[step - 1]
+        )
+        assert same_as_previous == (step % 4 != 0), step
+
+
+def test_steps_per_execution_chunks_respect_the_refresh_schedule(monkeypatch):
+    counter = keras.Variable(0, dtype="int32", trainable=False)
+    original = thor_dense.dense_statistics
+
+    def counted(inputs, sample_output_grads):
+        counter.assign_add(1)
+        return original(inputs, sample_output_grads)
+
+    monkeypatch.setattr(thor_dense, "dense_statistics", counted)
+    model = _converted_mlp(_thor(frequency=5))
+    model.compile(
+        optimizer=_thor(frequency=5),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        steps_per_execution=4,
+    )
+    _fit(model, epochs=3)  # 18 steps: refreshes at 0, 5, 10, 15
+    assert int(model.optimizer.iterations.numpy()) == 18
+    assert int(counter.numpy()) == 4 * 2
+
+
+def test_train_on_batch_refreshes_on_schedule():
+    model = _converted_mlp(_thor(frequency=2))
+    x, y = _digits_like()
+    seen = []
+    for _ in range(4):
+        model.train_on_batch(x[:16], y[:16])
+        seen.append(np.array(model.optimizer._a_inverses[2].numpy()))
+    np.testing.assert_array_equal(seen[0], seen[1])
+    assert not np.array_equal(seen[1], seen[2])
+
+
+def test_fit_with_validation_callbacks_and_class_weights():
+    model = _converted_mlp()
+    x, y = _digits_like()
+    stopper = keras.callbacks.EarlyStopping(monitor="val_loss", patience=50)
+    history = model.fit(
+        x,
+        y,
+        batch_size=16,
+        epochs=3,
+        validation_data=(x[:32], y[:32]),
+        class_weight={0: 1.0, 1: 2.0, 2: 1.0, 3: 0.5},
+        callbacks=[
+            stopper,
+            keras.callbacks.LearningRateScheduler(lambda e: 0.05),
+        ],
+        verbose=0,
+    )
+    assert set(history.history) >= {"loss", "val_loss", "val_accuracy"}
+    assert len(history.history["val_loss"]) == 3
+    model.evaluate(x, y, verbose=0)
+    assert model.predict(x, verbose=0).shape == (96, 4)
+
+
+def test_per_step_array_that_ends_early_is_a_clear_error():
+    model = _converted_mlp(_thor(learning_rate=np.full(10, 0.05)))
+    with pytest.raises(ValueError, match="`learning_rate` has one value per"):
+        _fit(model, epochs=2)  # 12 steps
+    assert int(model.optimizer.iterations.numpy()) == 10
+
+
+def test_loss_scale_optimizer_wrapping_gives_the_same_training():
+    results = []
+    for wrapped in (False, True):
+        keras.utils.set_random_seed(1)
+        optimizer = _thor()
+        if wrapped:
+            optimizer = keras.optimizers.LossScaleOptimizer(
+                optimizer, initial_scale=256.0
+            )
+        model = _converted_mlp(optimizer)
+        _fit(model, epochs=2)
+        results.append(helpers.weights_of(model))
+    helpers.assert_all_close(results[0], results[1], atol=2e-5, rtol=1e-4)
+
+
+# Robustness.
+
+
+def test_non_finite_batches_leave_weights_and_inverses_finite():
+    model = _converted_mlp(_thor(frequency=2))
+    optimizer = model.optimizer
+    x, y = _digits_like()
+    model.fit(x[:32], y[:32], batch_size=16, shuffle=False, verbose=0)
+    state = {v.name: np.array(v.numpy()) for v in optimizer.variables}
+    kernel = np.array(model.get_layer("hidden").kernel.numpy())
+    bad = x[:16].copy()
+    bad[3, 2] = np.nan  # step 2 refreshes: its statistics are NaN
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.train_on_batch(bad, y[:16])
+        bad[3, 2] = np.inf
+        model.train_on_batch(bad, y[:16])
+        model.train_on_batch(bad, y[:16])  # a refresh step again
+    messages = [str(w.message) for w in caught]
+    assert sum("could not use the fresh curvature" in m for m in messages) == 1
+    # Each refresh had non-finite hidden-layer statistics (and, depending
+    # on what relu makes of them, logits-layer ones).
+    assert 2 <= optimizer.curvature_troubles <= 4
+    # The NaN reaches the hidden kernel's gradient (x · dz), not the others
+    # (relu's gradient masks it): that kernel, its momentum and its inverses
+    # stay.
+    np.testing.assert_array_equal(model.get_layer("hidden").kernel, kernel)
+    for variable in optimizer.variables:
+        name = variable.name
+        if name.startswith("hidden_kernel"):
+            np.testing.assert_array_equal(variable, state[name], err_msg=name)
+    model.fit(x, y, batch_size=16, verbose=0)
+    assert all(np.isfinite(w).all() for w in helpers.weights_of(model))
+    assert all(np.isfinite(v).all() for v in helpers.optimizer_state(optimizer))
+
+
+def test_round_off_indefinite_factor_falls_back_to_more_damping():
+    from keras_thor.src.curvature.factor_inverses import factor_inverses
+
+    # A Gram matrix is positive semi-definite; round-off can push an
+    # eigenvalue below zero, which tiny damping does not repair.
+    nearly = np.diag([1.0, -1e-3, 2.0]).astype("float32")
+    previous = np.eye(3, dtype="float32")[None] * 7.0
+    eye = np.eye(3, dtype="float32")
+    a_inverse, g_inverse, trouble = factor_inverses(
+        nearly, eye, 1.0, False, 1e-12, 128, previous, previous
+    )
+    assert bool(trouble)
+    shift = 1e-6 + np.mean(np.diag(nearly))
+    expected = np.linalg.inv(nearly + shift * np.eye(3))
+    np.testing.assert_allclose(a_inverse[0], expected, rtol=1e-5)
+    np.testing.assert_allclose(g_inverse[0], eye / (1 + 1e-6), rtol=1e-5)
+
+    indefinite = np.diag([1.0, -5.0, 2.0]).astype("float32")
+    a_inverse, g_inverse, trouble = factor_inverses(
+        indefinite, eye, 1.0, False, 1e-12, 128, previous, previous
+    )
+    assert bool(trouble)
+    np.testing.assert_array_equal(a_inverse, previous)
+    np.testing.assert_array_equal(g_inverse, previous)

@@ -1,0 +1,209 @@
+"""THOR's config, `.keras` files, BackupAndRestore and tf.distribute."""
+
+import contextlib
+
+import keras
+import numpy as np
+import pytest
+
+import keras_thor
+from tests import helpers
+
+pytestmark = pytest.mark.tf_only
+
+STEPS_PER_EPOCH = 6
+
+
+def _optimizer():
+    return keras_thor.optimizers.THOR(
+        learning_rate=np.linspace(0.05, 0.02, 4 * STEPS_PER_EPOCH),
+        damping=keras_thor.schedules.ThorResNetDamping(
+            0.05, decay_rate=0.5, steps_per_epoch=STEPS_PER_EPOCH
+        ),
+        momentum=0.9,
+        weight_decay=1e-3,
+        frequency=4,
+        split_dim=8,
+    )
+
+
+def _model(strategy=None):
+    scope = strategy.scope() if strategy else contextlib.nullcontext()
+    with scope:
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((12,))
+        hidden = keras.layers.Dense(10, activation="tanh", name="hidden")(
+            inputs
+        )
+        normed = keras.layers.LayerNormalization(name="norm")(hidden)
+        outputs = keras.layers.Dense(4, name="logits")(normed)
+        model = keras_thor.convert_to_thor_model(keras.Model(inputs, outputs))
+        model.compile(
+            optimizer=_optimizer(),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+    return model
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16 * STEPS_PER_EPOCH, 12)).astype("float32")
+    return x, x[:, :4].argmax(axis=1)
+
+
+def _fit(model, epochs, **kwargs):
+    x, y = _data()
+    return model.fit(
+        x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0, **kwargs
+    )
+
+
+def test_config_round_trip_with_schedules_and_arrays():
+    optimizer = _optimizer()
+    config = optimizer.get_config()
+    restored = keras_thor.optimizers.THOR.from_config(config)
+    assert restored.get_config() == config
+    assert isinstance(
+        restored._learning_rate, keras_thor.schedules.PerStepSchedule
+    )
+    assert isinstance(restored.damping, keras_thor.schedules.ThorResNetDamping)
+    serialized = keras.optimizers.serialize(optimizer)
+    assert serialized["registered_name"] == "keras_thor>THOR"
+    assert keras.optimizers.deserialize(serialized).get_config() == config
+
+
+def test_loss_scale_is_keras_loss_scale_factor():
+    optimizer = keras_thor.optimizers.THOR(0.1, 0.1, 0.9, loss_scale=128)
+    assert optimizer.loss_scale_factor == 128.0
+    assert float(optimizer.scale_loss(2.0)) == 256.0
+    config = optimizer.get_config()
+    assert config["loss_scale"] == 128.0 and config["loss_scale_factor"] is None
+    assert keras_thor.optimizers.THOR.from_config(config).loss_scale == 128.0
+
+
+def test_state_is_created_in_build_in_a_fixed_order():
+    model = _model()
+    model.optimizer.build(model.trainable_variables)
+    names = [v.name for v in model.optimizer.variables]
+    assert names[0] == "iteration"  # no rate variable: it is a schedule
+    momenta = [f"{v.path.replace('/', '_')}_momentum" for v in model.weights]
+    assert names[1 : 1 + len(model.trainable_variables)] == [
+        name for name, v in zip(momenta, model.weights) if v.trainable
+    ]
+    expected_tail = [
+        "hidden_kernel_a_inverse",
+        "hidden_kernel_g_inverse",
+        "logits_kernel_a_inverse",
+        "logits_kernel_g_inverse",
+        "curvature_troubles",
+    ]
+    assert names[-5:] == expected_tail
+    shapes = {v.name: tuple(v.shape) for v in model.optimizer.variables}
+    assert shapes["hidden_kernel_a_inverse"] == (2, 8, 8)  # 12 -> 2 blocks
+    assert shapes["hidden_kernel_g_inverse"] == (2, 8, 8)  # 10 -> 2 blocks
+    assert shapes["logits_kernel_g_inverse"] == (1, 4, 4)
+    count = len(names)
+    _fit(model, epochs=1)
+    assert len(model.optimizer.variables) == count
+
+
+def test_keras_file_resume_equals_uninterrupted(tmp_path):
+    reference = _model()
+    _fit(reference, epochs=4)
+
+    model = _model()
+    _fit(model, epochs=2)  # 12 steps: the next refresh is step 12
+    path = tmp_path / "thor.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert isinstance(loaded, keras_thor.models.ThorFunctional)
+    assert type(loaded.optimizer) is keras_thor.optimizers.THOR
+    helpers.assert_all_close(
+        helpers.optimizer_state(loaded.optimizer),
+        helpers.optimizer_state(model.optimizer),
+        atol=0,
+        rtol=0,
+    )
+    _fit(loaded, epochs=2)
+    helpers.assert_all_close(
+        helpers.weights_of(loaded), helpers.weights_of(reference), atol=1e-6
+    )
+    helpers.assert_all_close(
+        helpers.optimizer_state(loaded.optimizer),
+        helpers.optimizer_state(reference.optimizer),
+        atol=1e-5,
+    )
+
+
+class _InterruptAtEpoch(keras.callbacks.Callback):
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise RuntimeError("interrupted")
+
+
+def test_backup_and_restore_resume_equals_uninterrupted(tmp_path):
+    reference = _model()
+    _fit(reference, epochs=4)
+    backup = str(tmp_path / "backup")
+    interrupted = _model()
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _fit(
+            interrupted,
+            epochs=4,
+            callbacks=[
+                keras.callbacks.BackupAndRestore(backup),
+                _InterruptAtEpoch(3),
+            ],
+        )
+    resumed = _model()
+    _fit(
+        resumed, epochs=4, callbacks=[keras.callbacks.BackupAndRestore(backup)]
+    )
+    assert int(resumed.optimizer.iterations) == 4 * STEPS_PER_EPOCH
+    helpers.assert_all_close(
+        helpers.weights_of(resumed), helpers.weights_of(reference), atol=1e-6
+    )
+    helpers.assert_all_close(
+        helpers.optimizer_state(resumed.optimizer),
+        helpers.optimizer_state(reference.optimizer),
+        atol=1e-5,
+    )
+
+
+def _strategy(replicas):
+    return helpers.mirrored_strategy(replicas)
+
+
+def _replica_values(variable):
+    return [np.asarray(v) for v in variable.value.values]
+
+
+@pytest.mark.multi_device
+def test_two_replicas_equal_one_device():
+    single = _model()
+    single_history = _fit(single, epochs=2, validation_data=_data())
+    mirrored = _model(_strategy(2))
+    mirrored_history = _fit(mirrored, epochs=2, validation_data=_data())
+    np.testing.assert_allclose(
+        mirrored_history.history["loss"],
+        single_history.history["loss"],
+        rtol=1e-5,
+    )
+    helpers.assert_all_close(
+        helpers.weights_of(mirrored), helpers.weights_of(single), atol=2e-6
+    )
+    helpers.assert_all_close(
+        helpers.optimizer_state(mirrored.optimizer),
+        helpers.optimizer_state(single.optimizer),
+        atol=1e-5,
+        rtol=1e-5,
+    )
+    for variable in mirrored.optimizer.variables + mirrored.weights:
+        first, *others = _replica_values(variable)
+        for other in others:
+            np.testing.assert_array_equal(other, first)
