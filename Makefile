@@ -19,8 +19,9 @@ $(VENV)/.backends: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[backends]"
 	touch $@
 
+# Benchmark 1(a) of docs/benchmarks.md: THOR vs SGD (momentum) and Adam.
 demo: $(VENV)/.installed
-	$(PY) examples/digits_comparison.py --plot results/digits_comparison.png
+	$(PY) benchmarks/thor_time_to_accuracy.py --models mlp --plot results/thor_digits_mlp.png
 
 test: lint test-tensorflow test-backends
 
@@ -40,6 +41,8 @@ test-backends: $(VENV)/.backends
 
 benchmark: $(VENV)/.installed
 	$(PY) benchmarks/optimizer_step_time.py
+	$(PY) benchmarks/thor_time_to_accuracy.py
+	$(PY) benchmarks/thor_step_cost.py
 
 clean:
 	rm -rf $(VENV) results

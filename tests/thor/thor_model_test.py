@@ -374,3 +374,30 @@ def test_round_off_indefinite_factor_falls_back_to_more_damping():
     assert bool(trouble)
     np.testing.assert_array_equal(a_inverse, previous)
     np.testing.assert_array_equal(g_inverse, previous)
+
+
+def test_mixed_precision_wraps_thor_in_a_loss_scale_optimizer():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        base = keras.Sequential(
+            [
+                keras.Input((12,)),
+                keras.layers.Dense(16, activation="relu", name="hidden"),
+                keras.layers.Dense(4, dtype="float32", name="logits"),
+            ]
+        )
+        model = keras_thor.convert_to_thor_model(base)
+        model.compile(
+            optimizer=_thor(),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        history = _fit(model, epochs=3)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    thor = model.optimizer.inner_optimizer
+    # G was built from gradients with the 32768 loss scale undone.
+    assert thor.curvature_troubles == 0
+    assert float(model.optimizer.dynamic_scale) == 32768.0
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    assert all(np.isfinite(w).all() for w in helpers.weights_of(model))

@@ -74,3 +74,15 @@ def test_split_indices_beyond_the_layers_fail_at_build():
     optimizer = THOR(**GOOD, split_indices=[0, 1])
     with pytest.raises(ValueError, match="must index one of the 1 THOR"):
         optimizer.build(model.trainable_variables)
+
+
+def test_scalars_of_any_kind_are_floats_and_arrays_are_per_step():
+    from keras_thor.schedules import PerStepSchedule
+
+    optimizer = THOR(np.array(0.1), np.float32(0.03), 0.9)
+    assert float(optimizer.learning_rate) == pytest.approx(0.1)
+    assert optimizer.damping == pytest.approx(0.03)
+    optimizer = THOR((0.1, 0.05), np.array([0.03, 0.02]), 0.9)
+    assert isinstance(optimizer._learning_rate, PerStepSchedule)
+    assert isinstance(optimizer.damping, PerStepSchedule)
+    assert len(optimizer.damping) == 2

@@ -67,6 +67,7 @@ def damped_block_inverse(factor, damping, split_dim):
     diagonal added; the caller keeps its previous inverse if even that is
     not finite.
     """
+    factor = ops.convert_to_tensor(factor)
     identity = ops.eye(factor.shape[-1], dtype=factor.dtype)
 
     def inverse_with(shift):
@@ -85,6 +86,10 @@ def damped_block_inverse(factor, damping, split_dim):
 
 def multiply_left(blocks, matrix):
     """`blockdiag(blocks) @ matrix` for `matrix` of shape `(d, m)`."""
+    blocks, matrix = (
+        ops.convert_to_tensor(blocks),
+        ops.convert_to_tensor(matrix),
+    )
     count, size = blocks.shape[0], blocks.shape[-1]
     dim = matrix.shape[0]
     if count == 1 and size == dim:

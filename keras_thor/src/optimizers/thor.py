@@ -35,6 +35,8 @@ def _check_rate(name, value, strictly_positive):
     if is_per_step_array(value):
         values = per_step_values(name, value, 0.0, strictly_positive)
         return PerStepSchedule(values, name=name)
+    if getattr(value, "shape", None) == ():
+        value = ops.convert_to_numpy(value).item()
     value = validation.check_float(name, value, minimum=0.0)
     if strictly_positive and value == 0:
         raise ValueError(f"Argument `{name}` must be > 0. Received: {name}=0.0")

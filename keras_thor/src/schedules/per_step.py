@@ -1,7 +1,5 @@
 """A value per training step, as MindSpore passes THOR's lr and damping."""
 
-import numbers
-
 import keras
 import numpy as np
 from keras import ops
@@ -42,16 +40,17 @@ def per_step_values(name, values, minimum, strictly_positive):
 
 
 def is_per_step_array(value):
-    """Whether `value` looks like a per-step array rather than a scalar."""
-    if isinstance(value, (bool, numbers.Number, str)):
-        return False
+    """Whether `value` is an array of one or more dimensions (not a scalar).
+
+    Lists, tuples, NumPy arrays and tensors qualify; numbers, 0-d arrays,
+    schedules and other callables do not.
+    """
+    if isinstance(value, (list, tuple)):
+        return True
     if isinstance(value, keras.optimizers.schedules.LearningRateSchedule):
         return False
-    if callable(value):
-        return False
-    return isinstance(value, (list, tuple, np.ndarray)) or hasattr(
-        value, "shape"
-    )
+    shape = getattr(value, "shape", None)
+    return shape is not None and len(shape) >= 1
 
 
 @keras_thor_export
