@@ -238,24 +238,33 @@ def test_statistics_are_computed_on_refresh_steps_only(monkeypatch):
         assert same_as_previous == (step % 4 != 0), step
 
 
-def test_steps_per_execution_chunks_respect_the_refresh_schedule(monkeypatch):
+def _count_refresh_steps(monkeypatch, model):
+    """Counts dense statistics, and sums the steps they were computed at."""
     counter = keras.Variable(0, dtype="int32", trainable=False)
+    steps = keras.Variable(0, dtype="int64", trainable=False)
     original = thor_dense.dense_statistics
 
     def counted(inputs, sample_output_grads):
         counter.assign_add(1)
+        steps.assign_add(model.optimizer.iterations)
         return original(inputs, sample_output_grads)
 
     monkeypatch.setattr(thor_dense, "dense_statistics", counted)
-    model = _converted_mlp(_thor(frequency=5))
+    return counter, steps
+
+
+def test_steps_per_execution_chunks_respect_the_refresh_schedule(monkeypatch):
+    model = _converted_mlp()
     model.compile(
         optimizer=_thor(frequency=5),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         steps_per_execution=4,
     )
+    counter, steps = _count_refresh_steps(monkeypatch, model)
     _fit(model, epochs=3)  # 18 steps: refreshes at 0, 5, 10, 15
     assert int(model.optimizer.iterations.numpy()) == 18
-    assert int(counter.numpy()) == 4 * 2
+    assert int(counter.numpy()) == 4 * 2  # two THOR layers
+    assert int(steps.numpy()) == 2 * (0 + 5 + 10 + 15)
 
 
 def test_train_on_batch_refreshes_on_schedule():
@@ -294,9 +303,92 @@ def test_fit_with_validation_callbacks_and_class_weights():
 
 def test_per_step_array_that_ends_early_is_a_clear_error():
     model = _converted_mlp(_thor(learning_rate=np.full(10, 0.05)))
-    with pytest.raises(ValueError, match="`learning_rate` has one value per"):
+    with pytest.raises(ValueError, match="reached step 10"):
         _fit(model, epochs=2)  # 12 steps
     assert int(model.optimizer.iterations.numpy()) == 10
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 4])
+@pytest.mark.parametrize("cardinality", ["known", "unknown"])
+def test_per_step_array_as_long_as_training_is_enough(
+    steps_per_execution, cardinality
+):
+    import tensorflow as tf
+
+    x, y = _digits_like()  # 6 batches of 16
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    if cardinality == "unknown":
+        dataset = dataset.filter(lambda features, label: True)
+    # Keras 3.15 counts one more iteration per epoch when it has to run
+    # into the end of data (unknown cardinality, one step per execution),
+    # for every optimizer; THOR's per-step values follow `iterations`.
+    steps = 12 + (
+        2 if (cardinality, steps_per_execution) == ("unknown", 1) else 0
+    )
+    model = _converted_mlp()
+    model.compile(
+        optimizer=_thor(learning_rate=np.full(steps, 0.05)),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        steps_per_execution=steps_per_execution,
+    )
+    model.fit(dataset, epochs=2, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == steps
+
+
+def test_convolutions_without_a_static_image_size_train():
+    import tensorflow as tf
+
+    def images():
+        rng = np.random.default_rng(0)
+        for size in (8, 10, 8, 10):
+            yield (
+                rng.normal(size=(4, size, size, 1)).astype("float32"),
+                rng.integers(0, 3, 4),
+            )
+
+    dataset = tf.data.Dataset.from_generator(
+        images,
+        output_signature=(
+            tf.TensorSpec((None, None, None, 1), "float32"),
+            tf.TensorSpec((None,), "int64"),
+        ),
+    )
+    inputs = keras.Input((None, None, 1))
+    features = keras.layers.Conv2D(4, 3, padding="same", name="conv")(inputs)
+    pooled = keras.layers.GlobalAveragePooling2D()(features)
+    outputs = keras.layers.Dense(3, name="head")(pooled)
+    model = keras_thor.convert_to_thor_model(keras.Model(inputs, outputs))
+    model.compile(
+        optimizer=_thor(frequency=2),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    model.fit(dataset, epochs=2, verbose=0)
+    assert model.optimizer.curvature_troubles == 0
+    assert all(np.isfinite(w).all() for w in helpers.weights_of(model))
+
+
+def test_an_overridden_train_step_is_never_silently_replaced():
+    class Custom(keras_thor.models.ThorModel):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.dense = keras_thor.layers.ThorDense(4)
+            self.calls = keras.Variable(0, trainable=False)
+
+        def call(self, x):
+            return self.dense(x)
+
+        def train_step(self, data):
+            self.calls.assign_add(1)
+            return super().train_step(data)
+
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model = Custom()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss)
+    _fit(model, epochs=1)
+    assert int(model.calls.numpy()) == 6  # Keras's loop ran the override
+    model.compile(optimizer=_thor(), loss=loss)
+    with pytest.raises(ValueError, match="cannot run an overridden"):
+        _fit(model, epochs=1)
 
 
 def test_loss_scale_optimizer_wrapping_gives_the_same_training():

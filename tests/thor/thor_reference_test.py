@@ -67,6 +67,7 @@ def _fit_and_reference(
     kind, epochs=1, batch_size=8, loss="ce", fit=None, **hyper
 ):
     specs, shape, dtype, x, y = _data(kind)
+    fit = dict(fit or {})
     loss = "mse" if loss == "mse" else reference.LOSSES[1]
     if loss == "mse":
         y = np.random.default_rng(1).normal(size=(len(x), specs[-1]["units"]))
@@ -82,7 +83,7 @@ def _fit_and_reference(
             **hyper,
         ),
         loss=keras_models.loss_object(loss),
-        **(fit or {}).pop("compile", {}),
+        **fit.pop("compile", {}),
     )
     history = keras_models.WeightHistory(specs)
     model.fit(
@@ -93,7 +94,7 @@ def _fit_and_reference(
         shuffle=False,
         verbose=0,
         callbacks=[history],
-        **(fit or {}),
+        **fit,
     )
     reference_hyper = dict(hyper)
     reference_hyper.setdefault("batch_size", 32)

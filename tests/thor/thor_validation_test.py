@@ -33,6 +33,8 @@ BAD_ARGUMENTS = [
     ("split_dim", 0, ValueError, "`split_dim` must be an integer >= 1"),
     ("split_indices", [26, 13], ValueError, "strictly increasing"),
     ("split_indices", 26, TypeError, "non-empty list of integers"),
+    ("split_indices", [], ValueError, "non-empty list of integers"),
+    ("damping", lambda: 0.03, TypeError, "`damping` must be a float, a"),
     ("split_indices", [1.5], TypeError, "`split_indices` must be an integer"),
     ("decay_filter", "bias", TypeError, "`decay_filter` must be a callable"),
 ]
@@ -86,3 +88,10 @@ def test_scalars_of_any_kind_are_floats_and_arrays_are_per_step():
     assert isinstance(optimizer._learning_rate, PerStepSchedule)
     assert isinstance(optimizer.damping, PerStepSchedule)
     assert len(optimizer.damping) == 2
+
+
+def test_bert_damping_must_stay_positive():
+    from keras_thor.schedules import bert_thor_damping
+
+    with pytest.raises(ValueError, match="`end_damping` must be > 0"):
+        bert_thor_damping(end_damping=0.0)

@@ -195,14 +195,27 @@ class ThorTrainFunction:
 
     def _single_step(self, thor, iterator):
         """One step that fetches its own batch (end of data: OutOfRange)."""
+        import tensorflow as tf
+
         if thor is None:
             return self._plain_on_iterator(iterator)
         step = self._current_step(thor)
-        thor.check_schedules_cover(step + 1)
-        if thor.refreshes_at(step):
-            logs = self._refresh(thor, self._refresh_on_iterator, iterator)
-        else:
-            logs = self._plain_on_iterator(iterator)
+        if thor.steps_covered_from(step) < 1:
+            # Only an error if there is data left to train on.
+            batch = iterator.get_next_as_optional()
+            if not batch.has_value():
+                raise tf.errors.OutOfRangeError(None, None, "End of data.")
+            thor.check_schedules_cover(step + 1)
+        try:
+            if thor.refreshes_at(step):
+                logs = self._refresh(thor, self._refresh_on_iterator, iterator)
+            else:
+                logs = self._plain_on_iterator(iterator)
+        except tf.errors.OutOfRangeError:
+            # Keras 3.15's end-of-data call still counts an iteration (for
+            # every optimizer): read the count back.
+            self.resync()
+            raise
         self._step = step + 1
         return logs
 
@@ -280,12 +293,12 @@ class ThorTrainFunction:
         logs = None
         remaining = self.model.steps_per_execution
         while remaining > 0:
-            count = (
-                remaining if thor is None else self._next_run(thor, remaining)
-            )
             batch = iterator.get_next_as_optional()
             if not batch.has_value():
                 break
+            count = (
+                remaining if thor is None else self._next_run(thor, remaining)
+            )
             if count == 0:
                 data = batch.get_value()
                 logs = self._refresh(thor, self._refresh_step, data)
@@ -321,6 +334,7 @@ class ThorTrainFunction:
         self.resync()
         logs = None
         for _, data in zip(range(self.model.steps_per_execution), batches):
+            # `data` exists, so the step needs its per-step values.
             if thor is not None and self._next_run(thor, 1) == 0:
                 logs = self._refresh(thor, self._refresh_step, data)
             else:
@@ -336,8 +350,10 @@ class ThorTrainFunction:
                 f"THOR could not use the fresh curvature of {troubles} "
                 "layer(s): a factor was not positive definite (inverted with "
                 "more damping) or not finite (the previous inverses were "
-                "kept). Training goes on; if this repeats, raise `damping`. "
-                "This warning is shown once.",
+                "kept; under mixed precision an overflowed step, which the "
+                "loss scale then skips, does this). Training goes on; if it "
+                "repeats without overflow, raise `damping`. This warning is "
+                "shown once.",
                 stacklevel=3,
             )
             self._warned = True

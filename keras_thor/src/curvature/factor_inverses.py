@@ -69,8 +69,9 @@ def layers_factor_inverses(
 ):
     """`factor_inverses` for several layers (lists in, a list out).
 
-    `factors` holds one `(A, G)` per layer; `factor_scales` and
-    `a_is_diagonal` are Python constants per layer.
+    `factors` holds one `(A, G)` per layer, `factor_scales` one scale (a
+    float, or a tensor for a convolution without a static size), and
+    `a_is_diagonal` one Python bool.
     """
     return [
         factor_inverses(

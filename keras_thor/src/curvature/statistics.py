@@ -12,6 +12,8 @@ Notation:
     - `A = XᵀX / rows`, `G = DᵀD / rows`: THOR's factors.
 """
 
+import math
+
 from keras import ops
 
 from keras_thor.src.backend.patches import image_patches
@@ -50,9 +52,16 @@ def conv2d_statistics(
     return _gram(patches), _gram(grads), _row_count(patches)
 
 
-def conv2d_positions(sample_output_grads):
-    """`T`, the number of output positions of a channels-last convolution."""
-    return sample_output_grads.shape[1] * sample_output_grads.shape[2]
+def conv2d_factor_scale(sample_output_grads):
+    """`√T`, `T` the output positions of a channels-last convolution.
+
+    A Python float when the spatial size is static, else a tensor.
+    """
+    height, width = sample_output_grads.shape[1:3]
+    if height is not None and width is not None:
+        return math.sqrt(height * width)
+    shape = ops.shape(sample_output_grads)
+    return ops.sqrt(ops.cast(shape[1] * shape[2], "float32"))
 
 
 def embedding_statistics(ids, sample_output_grads, vocabulary_size):

@@ -1,12 +1,10 @@
 """`Conv2D` whose kernel THOR preconditions."""
 
-import math
-
 import keras
 from keras import ops
 
 from keras_thor.src.api_export import keras_thor_export
-from keras_thor.src.curvature.statistics import conv2d_positions
+from keras_thor.src.curvature.statistics import conv2d_factor_scale
 from keras_thor.src.curvature.statistics import conv2d_statistics
 from keras_thor.src.layers import capture
 
@@ -92,4 +90,4 @@ class ThorConv2D(keras.layers.Conv2D):
             self.dilation_rate,
             self.padding,
         )
-        return (*statistics, math.sqrt(conv2d_positions(grads)))
+        return (*statistics, conv2d_factor_scale(grads))

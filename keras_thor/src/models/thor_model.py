@@ -12,10 +12,15 @@ class ThorTrainer:
     `0, f, 2f, ...` run a separately traced step that records the
     THOR-aware layers' inputs and output gradients and refreshes the
     inverses; all other steps run the plain step. With any other optimizer
-    this trains as the Keras parent class does.
+    the Keras parent class's own train function runs (an overridden
+    `train_step` included).
     """
 
     def make_train_function(self, force=False):
+        from keras_thor.src.backend.thor_training import thor_optimizer_of
+
+        if thor_optimizer_of(self.optimizer) is None:
+            return super().make_train_function(force=force)
         if self.train_function is not None and not force:
             if hasattr(self.train_function, "resync"):
                 self.train_function.resync()
@@ -24,6 +29,13 @@ class ThorTrainer:
             raise NotImplementedError(
                 "THOR's curvature capture needs the TensorFlow backend. "
                 f"Received: backend={keras.backend.backend()!r}"
+            )
+        if type(self).train_step is not keras.Model.train_step:
+            raise ValueError(
+                "THOR trains with keras_thor's own training step, which "
+                "captures the curvature; it cannot run an overridden "
+                f"`train_step` ({type(self).__name__}.train_step). Remove the "
+                "override, or train this model with another optimizer."
             )
         from keras_thor.src.backend.thor_training import ThorTrainFunction
 

@@ -25,13 +25,23 @@ def _identity_blocks(shape, dtype=None):
     return ops.broadcast_to(ops.eye(shape[-1], dtype=dtype), shape)
 
 
-def _check_rate(name, value, strictly_positive):
-    """A float, a schedule, a callable, or a per-step array (wrapped)."""
+def _check_rate(name, value, strictly_positive, callable_ok):
+    """A float, a schedule, a per-step array (wrapped), or a callable.
+
+    A callable (Keras's no-argument learning-rate form) only if
+    `callable_ok`.
+    """
     schedule = keras.optimizers.schedules.LearningRateSchedule
-    if isinstance(value, schedule) or (
-        callable(value) and not is_per_step_array(value)
-    ):
+    if isinstance(value, schedule):
         return value
+    if callable(value) and not is_per_step_array(value):
+        if callable_ok:
+            return value
+        raise TypeError(
+            f"Argument `{name}` must be a float, a "
+            "`keras.optimizers.schedules.LearningRateSchedule` or a 1-D array "
+            f"of per-step values. Received: {name}={value!r}"
+        )
     if is_per_step_array(value):
         values = per_step_values(name, value, 0.0, strictly_positive)
         return PerStepSchedule(values, name=name)
@@ -46,10 +56,15 @@ def _check_rate(name, value, strictly_positive):
 def _check_split_indices(split_indices):
     if split_indices is None:
         return None
-    if not isinstance(split_indices, (list, tuple)) or not split_indices:
+    if not isinstance(split_indices, (list, tuple)):
         raise TypeError(
             "Argument `split_indices` must be a non-empty list of integers. "
             f"Received: split_indices={split_indices!r}"
+        )
+    if not split_indices:
+        raise ValueError(
+            "Argument `split_indices` must be a non-empty list of integers "
+            "(or None for one bucket). Received: split_indices=[]"
         )
     indices = [
         validation.check_int("split_indices", i, 0) for i in split_indices
@@ -172,8 +187,8 @@ class THOR(ReferenceOptimizer):
         name="thor",
         **kwargs,
     ):
-        learning_rate = _check_rate("learning_rate", learning_rate, False)
-        damping = _check_rate("damping", damping, True)
+        learning_rate = _check_rate("learning_rate", learning_rate, False, True)
+        damping = _check_rate("damping", damping, True, False)
         if isinstance(momentum, bool) or not isinstance(momentum, float):
             raise TypeError(
                 "Argument `momentum` must be a float. "
@@ -394,7 +409,7 @@ class THOR(ReferenceOptimizer):
             [self._a_inverses[i] for i in indices],
             [self._g_inverses[i] for i in indices],
             self.current_damping(),
-            [float(statistics[i][2]) for i in indices],
+            [statistics[i][2] for i in indices],
             [self._kinds[i] == thor_update.DIAGONAL_KRONECKER for i in indices],
             self.split_dim,
         )

@@ -8,6 +8,8 @@ helpers only carry MindSpore's defaults.
 
 import keras
 
+from keras_thor.src.utils import validation
+
 
 def bert_thor_learning_rate(
     initial_learning_rate=0.0034,
@@ -29,8 +31,17 @@ def bert_thor_damping(
 ):
     """MindSpore's `get_bert_thor_damping`, with its defaults.
 
-    Its BERT-large recipe uses `(0.007035, 1e-6, 4.0, 30000)`.
+    Its BERT-large recipe uses `(0.007035, 1e-6, 4.0, 30000)`. Both ends
+    must be > 0: THOR divides by `√λ` where a factor is flat.
     """
+    for name, value in (
+        ("initial_damping", initial_damping),
+        ("end_damping", end_damping),
+    ):
+        if validation.check_float(name, value, minimum=0.0) == 0:
+            raise ValueError(
+                f"Argument `{name}` must be > 0. Received: {name}={value!r}"
+            )
     return keras.optimizers.schedules.PolynomialDecay(
         initial_damping, decay_steps, end_damping, power
     )

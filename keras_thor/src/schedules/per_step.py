@@ -88,8 +88,9 @@ class PerStepSchedule(keras.optimizers.schedules.LearningRateSchedule):
         if steps > len(self):
             raise ValueError(
                 f"`{name}` has one value per training step and {len(self)} "
-                f"values, but training reached step {steps}. Give at least "
-                "`epochs * steps_per_epoch` values, or a schedule."
+                f"values (steps 0 to {len(self) - 1}), but training reached "
+                f"step {steps - 1}. Give at least `epochs * steps_per_epoch` "
+                "values, or a schedule."
             )
 
     def get_config(self):
