@@ -10,7 +10,9 @@ pass (N rows; a convolution divides by its T output positions too):
     factored (A⁻¹aᵀ)(dz·G⁻¹):  (d_in² + d_out² + d_in·d_out) / (3·d_in·d_out)
 
 so the floor of (non-refresh step / SGD step) is 1 + Σ ratio · share, the
-share being the layer's part of the model's forward and backward flops.
+share being the layer's part of the model's forward and backward flops, and
+the ratio that of the order keras_thor takes (the cheaper one for Dense
+layers, the direct one for convolutions).
 Measured in `model.fit`, a callback timing every step, median over the
 rounds: SGD momentum, THOR's non-refresh step, THOR's refresh step, and the
 mean step at frequency 100 (one refresh per 100 steps); then the refresh
@@ -107,7 +109,9 @@ def floor_report(costs, batch):
         direct = (d_in + d_out) / (3 * batch * positions)
         factored = (d_in**2 + d_out**2 + d_in * d_out) / (3 * d_in * d_out)
         cheaper = "direct" if direct <= factored else "factored"
-        floor += direct * share  # the order keras_thor uses
+        # keras_thor takes the factored order for Dense layers only.
+        used = factored if cheaper == "factored" and positions == 1 else direct
+        floor += used * share
         print(
             f"  {name:<16} {d_in:>5} {d_out:>5} {positions:>4} {share:>6.3f} "
             f"{direct:>7.3f} {factored:>8.3f} {cheaper}"

@@ -63,6 +63,15 @@ def _data(kind, samples=48, seed=0):
     return ENCODER, (5,), "int32", x, y
 
 
+def _recorded_fit(model, specs, x, y, **fit_options):
+    """`model.fit` in order; returns the weights after every step."""
+    history = keras_models.WeightHistory(specs)
+    model.fit(
+        x, y, shuffle=False, verbose=0, callbacks=[history], **fit_options
+    )
+    return history.history
+
+
 def _fit_and_reference(
     kind, epochs=1, batch_size=8, loss="ce", fit=None, **hyper
 ):
@@ -85,16 +94,8 @@ def _fit_and_reference(
         loss=keras_models.loss_object(loss),
         **fit.pop("compile", {}),
     )
-    history = keras_models.WeightHistory(specs)
-    model.fit(
-        x,
-        y,
-        batch_size=batch_size,
-        epochs=epochs,
-        shuffle=False,
-        verbose=0,
-        callbacks=[history],
-        **fit,
+    actual = _recorded_fit(
+        model, specs, x, y, batch_size=batch_size, epochs=epochs, **fit
     )
     reference_hyper = dict(hyper)
     reference_hyper.setdefault("batch_size", 32)
@@ -107,7 +108,7 @@ def _fit_and_reference(
     expected = reference.run_reference(
         specs, start, batches, loss, **reference_hyper
     )
-    return history.history, [keras_models.flat(w) for w in expected], model
+    return actual, [keras_models.flat(w) for w in expected], model
 
 
 HYPER = dict(learning_rate=0.05, damping=0.03, momentum=0.9, frequency=3)
@@ -170,15 +171,8 @@ def test_mse_loss_scale_and_sample_weights_follow_the_reference():
         ),
         loss="mse",
     )
-    history = keras_models.WeightHistory(specs)
-    model.fit(
-        x,
-        y,
-        sample_weight=weights,
-        batch_size=16,
-        shuffle=False,
-        verbose=0,
-        callbacks=[history],
+    actual = _recorded_fit(
+        model, specs, x, y, sample_weight=weights, batch_size=16
     )
     batches = [
         (x[i : i + 16], y[i : i + 16], weights[i : i + 16])
@@ -195,7 +189,7 @@ def test_mse_loss_scale_and_sample_weights_follow_the_reference():
         frequency=2,
         loss_scale=128.0,
     )
-    for a, e in zip(history.history, expected):
+    for a, e in zip(actual, expected):
         assert keras_models.relative_error(a, keras_models.flat(e)) < 1e-4
 
 
@@ -214,3 +208,50 @@ def test_compiled_eager_and_multi_step_execution_agree(fit_options):
     )
     assert model.optimizer.iterations.numpy() == 12
     assert keras_models.relative_error(actual[-1], expected[-1]) < 1e-4
+
+
+WIDE = [
+    {"type": "dense", "units": 32, "activation": "tanh"},
+    {"type": "dense", "units": 5, "activation": "linear"},
+]
+
+
+@pytest.mark.parametrize("batch_size", [4, 5], ids=["both", "first"])
+def test_factored_order_equals_the_reference(batch_size, monkeypatch):
+    """Wide layers, small batches: the factored order is cheaper.
+
+    At batch 4 both kernels take `(A⁻¹Xᵀ)(D·G⁻¹)`, at batch 5 only the
+    first (6 -> 32); the weights still follow the reference step by step.
+    """
+    from keras_thor.src.layers import thor_dense
+
+    chosen = []
+    original = thor_dense.ThorDense.thor_prefers_factored
+
+    def record(layer, inputs, batch):
+        chosen.append((layer.name, original(layer, inputs, batch)))
+        return chosen[-1][1]
+
+    monkeypatch.setattr(thor_dense.ThorDense, "thor_prefers_factored", record)
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(40, 6)).astype("float32")
+    y = rng.integers(0, 5, 40)
+    model = keras_models.keras_model(WIDE, (6,))
+    start = keras_models.reference_weights(model, WIDE)
+    model.compile(
+        optimizer=keras_thor.optimizers.THOR(**HYPER, split_dim=16),
+        loss=keras_models.loss_object("ce"),
+    )
+    actual = _recorded_fit(model, WIDE, x, y, batch_size=batch_size)
+    expected = reference.run_reference(
+        WIDE,
+        start,
+        keras_models.random_batches(x, y, batch_size),
+        reference.LOSSES[1],
+        split_dim=16,
+        **HYPER,
+    )
+    factored = {name for name, is_factored in chosen if is_factored}
+    assert factored == ({"layer0", "layer1"} if batch_size == 4 else {"layer0"})
+    for a, e in zip(actual, expected):
+        assert keras_models.relative_error(a, keras_models.flat(e)) < 1e-4

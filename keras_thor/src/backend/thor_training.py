@@ -81,20 +81,84 @@ def curvature_statistics(thor, calls, output_grads, sample_scale):
     return statistics
 
 
+def _factored_calls(thor, calls):
+    """`{kernel index: [call positions]}` of the factored-order kernels."""
+    factored = {}
+    for position, call in enumerate(calls):
+        index = thor.kernel_index(call.layer.thor_kernel)
+        if index is not None and thor.uses_factored_order(
+            call.layer, call.inputs
+        ):
+            factored.setdefault(index, []).append(position)
+    return factored
+
+
+def _gradients(thor, variables, calls, factored, scaled_loss, tape, refresh):
+    """One backward pass: `(grads, output_grads)`.
+
+    `grads[i]` is `variables[i]`'s gradient, `None` for factored-order
+    kernels (the tape never computes it); `output_grads[p]` the gradient at
+    `calls[p]`'s outputs where needed (every call on a refresh step, the
+    factored-order calls otherwise), else `None`.
+    """
+    skipped = {id(thor._trainable_variables[index]) for index in factored}
+    factored_positions = {
+        p for positions in factored.values() for p in positions
+    }
+    needed = [
+        p for p in range(len(calls)) if refresh or p in factored_positions
+    ]
+    plain = [v for v in variables if id(v) not in skipped]
+    gradients = tape.gradient(
+        scaled_loss, plain + [calls[p].outputs for p in needed]
+    )
+    output_grads = [None] * len(calls)
+    for position, grad in zip(needed, gradients[len(plain) :]):
+        output_grads[position] = grad
+    plain_grads = iter(gradients[: len(plain)])
+    grads = [None if id(v) in skipped else next(plain_grads) for v in variables]
+    return grads, output_grads
+
+
+def _add_factored_gradients(
+    thor, variables, grads, calls, factored, output_grads
+):
+    """Fills in `A⁻¹ · g · G⁻¹` of the factored-order kernels (summed over
+    their calls), from the stored inverses."""
+    for position, variable in enumerate(variables):
+        index = thor.kernel_index(variable)
+        if index not in factored:
+            continue
+        parts = [
+            thor.factored_gradient(
+                index, calls[p].layer, calls[p].inputs, output_grads[p]
+            )
+            for p in factored[index]
+            if output_grads[p] is not None
+        ]
+        if parts:
+            total = sum(parts[1:], parts[0])
+            grads[position] = ops.cast(total, variable.dtype)
+    return grads
+
+
 def train_step(model, data, refresh):
     """One training step; on `refresh` steps it also refreshes THOR.
 
     As Keras's TensorFlow `train_step`, plus: THOR-aware layers record their
-    calls, the loss is differentiated with respect to their outputs too,
-    and the factors go to the optimizer before `apply_gradients`.
+    calls, the loss is differentiated with respect to their outputs too
+    (refresh steps, and Dense layers preconditioned in the factored order),
+    and on refresh steps the factors go to the optimizer before
+    `apply_gradients`.
     """
     import tensorflow as tf
 
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     thor = thor_optimizer_of(model.optimizer)
-    refresh = refresh and thor is not None
     recording = (
-        capture.capture_layer_calls() if refresh else contextlib.nullcontext([])
+        capture.capture_layer_calls()
+        if thor is not None
+        else contextlib.nullcontext([])
     )
     with tf.GradientTape() as tape:
         with recording as calls:
@@ -111,22 +175,33 @@ def train_step(model, data, refresh):
         scaled_loss = model.optimizer.scale_loss(loss)
 
     variables = model.trainable_weights
-    outputs = [call.outputs for call in calls]
-    gradients = tape.gradient(scaled_loss, variables + outputs)
-    grads = gradients[: len(variables)]
+    if thor is None:
+        grads = tape.gradient(scaled_loss, variables)
+        model.optimizer.apply_gradients(zip(grads, variables))
+        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    if not model.optimizer.built:
+        model.optimizer.build(variables)
+    factored = _factored_calls(thor, calls)
+    grads, output_grads = _gradients(
+        thor, variables, calls, factored, scaled_loss, tape, refresh
+    )
     if refresh:
-        if not model.optimizer.built:
-            model.optimizer.build(variables)
         loss_scale = ops.cast(model.optimizer.scale_loss(1.0), "float32")
         sample_scale = (
             ops.cast(_examples(x) * _replicas(), "float32") / loss_scale
         )
         thor.refresh_curvature(
-            curvature_statistics(
-                thor, calls, gradients[len(variables) :], sample_scale
-            )
+            curvature_statistics(thor, calls, output_grads, sample_scale)
         )
-    model.optimizer.apply_gradients(zip(grads, variables))
+    # After the refresh: the factored products read the new inverses.
+    grads = _add_factored_gradients(
+        thor, variables, grads, calls, factored, output_grads
+    )
+    thor.preconditioned_kernels = frozenset(factored)
+    try:
+        model.optimizer.apply_gradients(zip(grads, variables))
+    finally:
+        thor.preconditioned_kernels = frozenset()
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
 

@@ -26,6 +26,28 @@ def kronecker_precondition(gradient, a_inverse, g_inverse):
     return ops.reshape(matrix, shape)
 
 
+def factored_precondition(input_rows, output_grad_rows, a_inverse, g_inverse):
+    """`(A⁻¹ · Xᵀ) · (D · G⁻¹)`: `A⁻¹ · g · G⁻¹` without forming `g = XᵀD`.
+
+    `input_rows` `(R, d_in)` and `output_grad_rows` `(R, d_out)` are a Dense
+    layer's inputs and the gradients of the loss at its pre-activation.
+    """
+    left = multiply_left(a_inverse, ops.transpose(input_rows))
+    return ops.matmul(left, multiply_right(output_grad_rows, g_inverse))
+
+
+def factored_is_cheaper(d_in, d_out, rows):
+    """Whether the factored product costs fewer flops than the direct one.
+
+    Direct `A⁻¹ · g · G⁻¹`: `d_in·d_out·(d_in + d_out)`; factored
+    `(A⁻¹Xᵀ)(D·G⁻¹)`: `rows·(d_in² + d_out² + d_in·d_out)`, which also
+    replaces the backward pass's `XᵀD`.
+    """
+    return rows * (d_in**2 + d_out**2 + d_in * d_out) < d_in * d_out * (
+        d_in + d_out
+    )
+
+
 def diagonal_kronecker_precondition(gradient, a_inverse, g_inverse):
     """`diag(a⁻¹) · g · G⁻¹` for an Embedding table gradient `(V, E)`."""
     return multiply_right(a_inverse[:, None] * gradient, g_inverse)

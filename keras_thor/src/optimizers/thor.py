@@ -87,7 +87,9 @@ class THOR(ReferenceOptimizer):
     Kronecker-factored Fisher `A ⊗ G`, refreshed every `frequency` steps
     from that step's batch and inverted block by block; in between the
     stored inverses are reused, so those steps cost an SGD step plus two
-    small matrix products per layer. Update of a kernel `w` at step `t`:
+    small matrix products per layer (formed as `(A⁻¹Xᵀ)(D·G⁻¹)` for a Dense
+    layer whose batch is smaller than about its width, where that is
+    cheaper). Update of a kernel `w` at step `t`:
 
     ```
     every `frequency` steps (t = 0, f, 2f, ...), per layer:
@@ -129,8 +131,10 @@ class THOR(ReferenceOptimizer):
         loss_scale: Float > 0: the loss is multiplied by it before
             differentiation and the gradients are divided by it (Keras's
             `loss_scale_factor`). Defaults to `1.0`.
-        batch_size: Integer > 0, `N` of the LayerNorm rule. The factors use
-            the actual size of each batch. Defaults to `32`.
+        batch_size: Integer > 0, `N` of the LayerNorm rule, and the
+            per-replica batch assumed when a Dense layer's preconditioning
+            order is chosen for a batch of unknown size. The factors use the
+            actual size of each batch. Defaults to `32`.
         use_nesterov: Boolean. Defaults to `False`.
         decay_filter: A callable `variable -> bool` choosing the variables
             that get weight decay. Defaults to all of them (MindSpore's
@@ -250,6 +254,9 @@ class THOR(ReferenceOptimizer):
         self.decay_filter = decay_filter
         self.enable_clip_grad = enable_clip_grad
         self.curvature_from_model = False
+        # Kernels whose gradient this step's training step already
+        # preconditioned (the factored order); set while a step is traced.
+        self.preconditioned_kernels = frozenset()
 
     @property
     def damping(self):
@@ -420,6 +427,27 @@ class THOR(ReferenceOptimizer):
             troubles.append(ops.cast(trouble, "int32"))
         self.assign_add(self._curvature_troubles, ops.sum(ops.stack(troubles)))
 
+    def uses_factored_order(self, layer, inputs):
+        """Whether to precondition `layer`'s kernel in the factored order.
+
+        Only for Dense kernels where it costs fewer flops, and never with
+        Keras's clipping options (which would then clip a preconditioned
+        gradient).
+        """
+        if self.clipnorm or self.clipvalue or self.global_clipnorm:
+            return False
+        prefers = getattr(layer, "thor_prefers_factored", None)
+        return prefers is not None and prefers(inputs, self.batch_size)
+
+    def factored_gradient(self, kernel_index, layer, inputs, output_grads):
+        """`A⁻¹ · g · G⁻¹` of one call of `layer`, in the factored order."""
+        return layer.thor_factored_gradient(
+            inputs,
+            output_grads,
+            self._a_inverses[kernel_index],
+            self._g_inverses[kernel_index],
+        )
+
     def apply(self, grads, trainable_variables=None):
         if not self.curvature_from_model:
             raise ValueError(
@@ -448,6 +476,12 @@ class THOR(ReferenceOptimizer):
     def _update_variables(self, grads, variables, learning_rate):
         indices = [self._get_variable_index(v) for v in variables]
         velocities = [self._velocities[i] for i in indices]
+        kinds = [
+            thor_update.PLAIN
+            if i in self.preconditioned_kernels
+            else self._kinds[i]
+            for i in indices
+        ]
         results = _fused_thor_updates(
             list(variables),
             [dense(g) for g in grads],
@@ -456,7 +490,7 @@ class THOR(ReferenceOptimizer):
             [self._g_inverses[i] for i in indices],
             ops.cast(learning_rate, "float32"),
             self.current_damping(),
-            [self._kinds[i] for i in indices],
+            kinds,
             [self._weight_decays[i] for i in indices],
             float(self.batch_size),
             self.momentum,
