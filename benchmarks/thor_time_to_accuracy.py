@@ -91,8 +91,8 @@ def resnet():
     return keras.Model(inputs, outputs, name="resnet")
 
 
-# THOR's damping and frequency per model were picked on seed 0 from
-# damping {0.01, 0.03, 0.1, 0.3} and frequency {2, 5, 10} (docs/benchmarks.md).
+# THOR's damping and frequency per model: picked on seed 0 by
+# benchmarks/thor_select_damping.py (docs/benchmarks.md).
 SETUPS = {
     "mlp": dict(
         build=mlp,
@@ -105,8 +105,8 @@ SETUPS = {
             "Adam": [3e-3, 1e-2, 3e-2],
             "THOR": [0.1, 0.3, 1.0],
         },
-        damping=0.3,
-        frequency=5,
+        damping=0.03,
+        frequency=2,
     ),
     "cnn": dict(
         build=resnet,
