@@ -207,3 +207,46 @@ def test_two_replicas_equal_one_device():
         first, *others = _replica_values(variable)
         for other in others:
             np.testing.assert_array_equal(other, first)
+
+
+def _conv_model(strategy=None):
+    scope = strategy.scope() if strategy else contextlib.nullcontext()
+    with scope:
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((6, 6, 2))
+        x = keras.layers.Conv2D(3, 3, padding="same", activation="relu")(inputs)
+        x = keras.layers.Conv2D(4, 2, strides=2)(x)
+        x = keras.layers.GlobalAveragePooling2D()(x)
+        outputs = keras.layers.Dense(3)(x)
+        model = keras_thor.convert_to_thor_model(keras.Model(inputs, outputs))
+        model.compile(
+            optimizer=keras_thor.optimizers.THOR(
+                0.05, 0.05, 0.9, frequency=3, split_dim=8
+            ),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            steps_per_execution=2,
+        )
+    return model
+
+
+@pytest.mark.multi_device
+def test_two_replicas_equal_one_device_for_convolutions_in_chunks():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(64, 6, 6, 2)).astype("float32")
+    y = rng.integers(0, 3, 64)
+    results = []
+    for strategy in (None, _strategy(2)):
+        model = _conv_model(strategy)
+        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+        assert int(model.optimizer.iterations.numpy()) == 8
+        results.append(model)
+    single, mirrored = results
+    helpers.assert_all_close(
+        helpers.weights_of(mirrored), helpers.weights_of(single), atol=2e-6
+    )
+    helpers.assert_all_close(
+        helpers.optimizer_state(mirrored.optimizer),
+        helpers.optimizer_state(single.optimizer),
+        atol=1e-5,
+        rtol=1e-5,
+    )
