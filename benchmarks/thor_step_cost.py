@@ -38,7 +38,8 @@ from thor_time_to_accuracy import SETUPS  # noqa: E402
 from thor_time_to_accuracy import digits  # noqa: E402
 
 import keras_thor  # noqa: E402
-from keras_thor.src.curvature.factor_inverses import factor_inverses  # noqa: E402
+from keras_thor.src.backend.thor_training import curvature_statistics  # noqa: E402
+from keras_thor.src.curvature.factor_inverses import layers_factor_inverses  # noqa: E402
 from keras_thor.src.layers import capture  # noqa: E402
 from keras_thor.src.optimizers import thor_update  # noqa: E402
 
@@ -149,8 +150,6 @@ def refresh_pieces(model, x, y):
             loss = LOSS(y, model(x, training=True))
         return tape.gradient(loss, variables)
 
-    kernels = []
-
     @tf.function
     def backward_and_statistics(x, y):
         with tf.GradientTape() as tape:
@@ -159,35 +158,25 @@ def refresh_pieces(model, x, y):
         outputs = [call.outputs for call in calls]
         grads = tape.gradient(loss, variables + outputs)
         scale = tf.cast(tf.shape(x)[0], "float32")
-        kernels[:] = [
-            thor.kernel_index(call.layer.thor_kernel) for call in calls
-        ]
-        stats = [
-            call.layer.thor_statistics(call.inputs, dz * scale)
-            for call, dz in zip(calls, grads[len(variables) :])
-        ]
-        return grads[: len(variables)], [
-            (a / rows, g / rows, c) for a, g, rows, c in stats
-        ]
+        statistics = curvature_statistics(
+            thor, calls, grads[len(variables) :], scale
+        )
+        return grads[: len(variables)], statistics
 
-    _, stats = backward_and_statistics(x, y)
+    _, statistics = backward_and_statistics(x, y)
+    kernels = sorted(statistics)
 
     @tf.function
-    def invert(stats):
-        damping = thor.current_damping()
-        return [
-            factor_inverses(
-                a,
-                g,
-                c,
-                thor._kinds[i] == thor_update.DIAGONAL_KRONECKER,
-                damping,
-                thor.split_dim,
-                thor._a_inverses[i],
-                thor._g_inverses[i],
-            )[:2]
-            for (a, g, c), i in zip(stats, kernels)
-        ]
+    def invert(statistics):
+        return layers_factor_inverses(
+            [statistics[i][:2] for i in kernels],
+            [thor._a_inverses[i] for i in kernels],
+            [thor._g_inverses[i] for i in kernels],
+            thor.current_damping(),
+            [statistics[i][2] for i in kernels],
+            [thor._kinds[i] == thor_update.DIAGONAL_KRONECKER for i in kernels],
+            thor.split_dim,
+        )
 
     grads = backward(x, y)
 
@@ -208,7 +197,11 @@ def refresh_pieces(model, x, y):
 
     plain = _time(backward, x, y)
     captured = _time(backward_and_statistics, x, y)
-    return captured - plain, _time(invert, stats), _time(precondition, grads)
+    return (
+        captured - plain,
+        _time(invert, statistics),
+        _time(precondition, grads),
+    )
 
 
 def _state_bytes(optimizer):

@@ -212,16 +212,24 @@ def test_thor_model_with_another_optimizer_trains_as_keras():
 # The two traced steps.
 
 
-def test_statistics_are_computed_on_refresh_steps_only(monkeypatch):
+def _count_refresh_steps(monkeypatch, model):
+    """Counts dense statistics, and sums the steps they were computed at."""
     counter = keras.Variable(0, dtype="int32", trainable=False)
+    steps = keras.Variable(0, dtype="int64", trainable=False)
     original = thor_dense.dense_statistics
 
     def counted(inputs, sample_output_grads):
         counter.assign_add(1)
+        steps.assign_add(model.optimizer.iterations)
         return original(inputs, sample_output_grads)
 
     monkeypatch.setattr(thor_dense, "dense_statistics", counted)
+    return counter, steps
+
+
+def test_statistics_are_computed_on_refresh_steps_only(monkeypatch):
     model = _converted_mlp(_thor(frequency=4))
+    counter, _ = _count_refresh_steps(monkeypatch, model)
     inverses = []
 
     class Inverses(keras.callbacks.Callback):
@@ -236,21 +244,6 @@ def test_statistics_are_computed_on_refresh_steps_only(monkeypatch):
             inverses[step], inverses[step - 1]
         )
         assert same_as_previous == (step % 4 != 0), step
-
-
-def _count_refresh_steps(monkeypatch, model):
-    """Counts dense statistics, and sums the steps they were computed at."""
-    counter = keras.Variable(0, dtype="int32", trainable=False)
-    steps = keras.Variable(0, dtype="int64", trainable=False)
-    original = thor_dense.dense_statistics
-
-    def counted(inputs, sample_output_grads):
-        counter.assign_add(1)
-        steps.assign_add(model.optimizer.iterations)
-        return original(inputs, sample_output_grads)
-
-    monkeypatch.setattr(thor_dense, "dense_statistics", counted)
-    return counter, steps
 
 
 def test_steps_per_execution_chunks_respect_the_refresh_schedule(monkeypatch):

@@ -243,8 +243,6 @@ class ThorTrainFunction:
 
     def __init__(self, model):
         self.model = model
-        # The traced one-step functions, by `refresh` (for introspection).
-        self.compiled_steps = {}
         self._refresh_step = self._one_step(refresh=True)
         self._plain_step = self._one_step(refresh=False)
         self._plain_steps = self._compile(self._plain_loop, jit=False)
@@ -314,7 +312,6 @@ class ThorTrainFunction:
             return _reduce_logs(logs, strategy)
 
         compiled = self._compile(one_step, jit=model.jit_compile)
-        self.compiled_steps[refresh] = compiled
         return model._autoconvert_optionals(compiled)
 
     def _plain_loop(self, iterator, steps, logs):

@@ -5,6 +5,7 @@ import math
 from keras import ops
 
 from keras_thor.src.backend.linalg import cholesky
+from keras_thor.src.optimizers.finite import is_finite
 
 
 def block_layout(dim, split_dim):
@@ -76,7 +77,7 @@ def damped_block_inverse(factor, damping, split_dim):
         )
 
     inverse = inverse_with(damping)
-    fell_back = ops.logical_not(ops.all(ops.isfinite(inverse)))
+    fell_back = ops.logical_not(is_finite(inverse))
 
     def more_damped():
         return inverse_with(damping + ops.abs(ops.mean(ops.diagonal(factor))))

@@ -1,16 +1,16 @@
 """Refreshing one layer's stored inverses from fresh factors."""
 
+import functools
+
 from keras import ops
 
 from keras_thor.src.curvature.block_inverse import damped_block_inverse
+from keras_thor.src.optimizers.finite import is_finite
 
 
 def _all_finite(*tensors):
-    finite = [ops.all(ops.isfinite(t)) for t in tensors]
-    result = finite[0]
-    for flag in finite[1:]:
-        result = ops.logical_and(result, flag)
-    return result
+    flags = [is_finite(t) for t in tensors]
+    return functools.reduce(ops.logical_and, flags)
 
 
 def factor_inverses(

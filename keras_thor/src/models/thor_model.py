@@ -26,7 +26,7 @@ class ThorTrainer:
                 self.train_function.resync()
             return self.train_function
         if keras.backend.backend() != "tensorflow":
-            raise NotImplementedError(
+            raise ValueError(
                 "THOR's curvature capture needs the TensorFlow backend. "
                 f"Received: backend={keras.backend.backend()!r}"
             )

@@ -7,7 +7,7 @@ from keras import ops
 from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.backend.dense import dense
 from keras_thor.src.backend.fusion import fused
-from keras_thor.src.backend.single_device import tensorflow_without_strategy
+from keras_thor.src.optimizers.batched_update import BatchedUpdate
 from keras_thor.src.optimizers.docstrings import with_base_keyword_args
 from keras_thor.src.optimizers.finite import if_finite
 from keras_thor.src.optimizers.finite import is_finite
@@ -117,7 +117,7 @@ def _never_updated(step_and_eta):
 
 @keras_thor_export
 @with_base_keyword_args
-class ASGD(ReferenceOptimizer):
+class ASGD(BatchedUpdate, ReferenceOptimizer):
     """Averaged stochastic gradient descent (`torch.optim.ASGD` semantics).
 
     SGD with a decaying step size `eta` and a running average `ax` of the
@@ -273,23 +273,6 @@ class ASGD(ReferenceOptimizer):
         self._averages_in_model = self.add_variable(
             (), dtype="bool", name="averages_in_model"
         )
-
-    def update_step(self, gradient, variable, learning_rate):
-        self._update_variables([gradient], [variable], learning_rate)
-
-    def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        """Updates all variables in one compiled computation on one device.
-
-        Without tf.distribute, Keras's per-variable update is a plain loop,
-        and one computation for all variables saves a launch per variable.
-        Under a strategy (and on other backends) Keras's own per-device loop
-        calls `update_step`.
-        """
-        if not tensorflow_without_strategy():
-            return super()._backend_update_step(
-                grads, trainable_variables, learning_rate
-            )
-        self._update_variables(grads, trainable_variables, learning_rate)
 
     def _update_variables(self, grads, variables, learning_rate):
         """One ASGD step of `variables`, as one (compiled) computation."""

@@ -6,11 +6,11 @@ from keras import ops
 from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.backend.dense import dense
 from keras_thor.src.backend.fusion import fused
-from keras_thor.src.backend.single_device import tensorflow_without_strategy
 from keras_thor.src.curvature.block_inverse import block_layout
 from keras_thor.src.curvature.factor_inverses import layers_factor_inverses
 from keras_thor.src.layers import capture
 from keras_thor.src.optimizers import thor_update
+from keras_thor.src.optimizers.batched_update import BatchedUpdate
 from keras_thor.src.optimizers.docstrings import with_base_keyword_args
 from keras_thor.src.optimizers.reference_optimizer import ReferenceOptimizer
 from keras_thor.src.schedules.per_step import PerStepSchedule
@@ -79,7 +79,7 @@ def _check_split_indices(split_indices):
 
 @keras_thor_export
 @with_base_keyword_args
-class THOR(ReferenceOptimizer):
+class THOR(BatchedUpdate, ReferenceOptimizer):
     """THOR: Kronecker-factored natural gradient with stale inverses.
 
     MindSpore's `nn.thor` for Keras. Each THOR-aware layer (see
@@ -457,21 +457,6 @@ class THOR(ReferenceOptimizer):
                 "`keras_thor.models.ThorModel` instead of `keras.Model`."
             )
         return super().apply(grads, trainable_variables)
-
-    def update_step(self, gradient, variable, learning_rate):
-        self._update_variables([gradient], [variable], learning_rate)
-
-    def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        """Updates all variables in one compiled computation on one device.
-
-        Under a strategy (and on other backends) Keras's own per-device
-        loop calls `update_step`.
-        """
-        if not tensorflow_without_strategy():
-            return super()._backend_update_step(
-                grads, trainable_variables, learning_rate
-            )
-        self._update_variables(grads, trainable_variables, learning_rate)
 
     def _update_variables(self, grads, variables, learning_rate):
         indices = [self._get_variable_index(v) for v in variables]
