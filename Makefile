@@ -36,6 +36,7 @@ test-tensorflow: $(VENV)/.installed
 test-backends: $(VENV)/.backends
 	for backend in jax torch; do \
 		KERAS_BACKEND=$$backend $(PYTEST) tests/optimizers tests/callbacks tests/schedules tests/thor \
+			tests/boost/adasum_test.py tests/boost/full_norm_test.py \
 			|| [ $$? -eq 5 ] || exit 1; \
 	done
 
@@ -43,6 +44,7 @@ benchmark: $(VENV)/.installed
 	$(PY) benchmarks/optimizer_step_time.py
 	$(PY) benchmarks/thor_time_to_accuracy.py
 	$(PY) benchmarks/thor_step_cost.py
+	$(PY) benchmarks/boost_throughput.py
 
 clean:
 	rm -rf $(VENV) results

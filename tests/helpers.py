@@ -44,6 +44,49 @@ def assert_all_close(actual, expected, atol=1e-6, rtol=1e-6):
         np.testing.assert_allclose(a, e, atol=atol, rtol=rtol)
 
 
+def assert_same_training_state(model, reference, atol=1e-6):
+    """Weights and optimizer state of `model` equal `reference`'s."""
+    assert_all_close(weights_of(model), weights_of(reference), atol=atol)
+    assert_all_close(
+        optimizer_state(model.optimizer),
+        optimizer_state(reference.optimizer),
+        atol=atol,
+    )
+
+
+class InterruptAtEpoch(keras.callbacks.Callback):
+    """Stops `fit` with a RuntimeError when `epoch` begins."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise RuntimeError("interrupted")
+
+
+def resumed_after_interruption(make_model, fit, backup, epochs, interrupt_at):
+    """A model trained `epochs` by `fit(model, epochs, callbacks)` with a
+    `BackupAndRestore` in `backup`: interrupted when epoch `interrupt_at`
+    begins, then resumed by a fresh `make_model()`."""
+    import pytest
+
+    interrupted = make_model()
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(
+            interrupted,
+            epochs,
+            [
+                keras.callbacks.BackupAndRestore(backup),
+                InterruptAtEpoch(interrupt_at),
+            ],
+        )
+    resumed = make_model()
+    fit(resumed, epochs, [keras.callbacks.BackupAndRestore(backup)])
+    return resumed
+
+
 @functools.cache
 def mirrored_strategy(replicas):
     """One MirroredStrategy per replica count for the whole test session.
@@ -51,10 +94,14 @@ def mirrored_strategy(replicas):
     Two strategies over the same devices start their collective instance
     keys at the same value, so collectives traced under one can collide
     with the other's ("Shape mismatch in the collective instance"):
-    TensorFlow expects one strategy per process.
+    TensorFlow expects one strategy per process. Strategies of different
+    sizes also get apart collective group keys (TF's class attribute
+    `_collective_key_base`, read when a strategy is made), else a 4-replica
+    group joins the 2-replica group's key.
     """
     import tensorflow as tf
 
-    return tf.distribute.MirroredStrategy(
-        [f"/cpu:{i}" for i in range(replicas)]
-    )
+    class KeyedMirroredStrategy(tf.distribute.MirroredStrategy):
+        _collective_key_base = 1000 * replicas
+
+    return KeyedMirroredStrategy([f"/cpu:{i}" for i in range(replicas)])

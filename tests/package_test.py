@@ -8,11 +8,13 @@ import keras_thor
 PACKAGE = pathlib.Path(keras_thor.__file__).parent
 # The only modules that may import tensorflow (inside functions, lazily).
 TENSORFLOW_MODULES = {
+    "src/backend/boost_training.py",
     "src/backend/dense.py",
     "src/backend/fusion.py",
     "src/backend/linalg.py",
     "src/backend/memory_update.py",
     "src/backend/patches.py",
+    "src/backend/replicas.py",
     "src/backend/single_device.py",
     "src/backend/thor_training.py",
 }
@@ -39,6 +41,7 @@ def test_public_modules_export_the_optimizers_and_callbacks():
     assert keras_thor.optimizers.__all__ == ["ASGD", "SAG", "THOR"]
     assert keras_thor.thor is keras_thor.optimizers.THOR
     assert keras_thor.layers.__all__ == [
+        "FullNorm",
         "ThorConv2D",
         "ThorDense",
         "ThorEmbedding",
@@ -49,6 +52,19 @@ def test_public_modules_export_the_optimizers_and_callbacks():
         keras_thor.models.convert_to_thor_model
     )
     assert keras_thor.callbacks.__all__ == ["SwapAveragedWeights"]
+    assert keras_thor.boost.__all__ == [
+        "AdaSum",
+        "AutoBoost",
+        "BoostOptimizer",
+        "GradientAccumulation",
+        "GradientFreeze",
+        "LessBN",
+        "OptimizerProcess",
+        "to_boost_model",
+    ]
+    for name in keras_thor.boost.__all__:
+        assert getattr(keras_thor.boost, name).__doc__
+    assert "BoostFunctional" in keras_thor.models.__all__
     assert "ThorResNetLearningRate" in keras_thor.schedules.__all__
     for name in keras_thor.optimizers.__all__:
         assert getattr(keras_thor.optimizers, name).__doc__

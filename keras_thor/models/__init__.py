@@ -1,11 +1,15 @@
 """Public models of keras_thor: Keras models that train with THOR."""
 
+from keras_thor.src.models.boost_model import BoostFunctional
+from keras_thor.src.models.boost_model import BoostSequential
 from keras_thor.src.models.convert import convert_to_thor_model
 from keras_thor.src.models.thor_model import ThorFunctional
 from keras_thor.src.models.thor_model import ThorModel
 from keras_thor.src.models.thor_model import ThorSequential
 
 __all__ = [
+    "BoostFunctional",
+    "BoostSequential",
     "ThorFunctional",
     "ThorModel",
     "ThorSequential",

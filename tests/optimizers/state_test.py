@@ -79,25 +79,7 @@ def test_keras_file_resume_equals_uninterrupted(name, tmp_path):
         rtol=0,
     )
     _fit(loaded, epochs=2)
-
-    helpers.assert_all_close(
-        helpers.weights_of(loaded), helpers.weights_of(reference), atol=1e-6
-    )
-    helpers.assert_all_close(
-        helpers.optimizer_state(loaded.optimizer),
-        helpers.optimizer_state(reference.optimizer),
-        atol=1e-6,
-    )
-
-
-class _InterruptAtEpoch(keras.callbacks.Callback):
-    def __init__(self, epoch):
-        super().__init__()
-        self.epoch = epoch
-
-    def on_epoch_begin(self, epoch, logs=None):
-        if epoch == self.epoch:
-            raise RuntimeError("interrupted")
+    helpers.assert_same_training_state(loaded, reference)
 
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
@@ -105,30 +87,17 @@ def test_backup_and_restore_resume_equals_uninterrupted(name, tmp_path):
     reference = _compiled_model(OPTIMIZERS[name])
     _fit(reference, epochs=4)
 
-    backup = str(tmp_path / "backup")
-    interrupted = _compiled_model(OPTIMIZERS[name])
-    with pytest.raises(RuntimeError, match="interrupted"):
-        _fit(
-            interrupted,
-            epochs=4,
-            callbacks=[
-                keras.callbacks.BackupAndRestore(backup),
-                _InterruptAtEpoch(2),
-            ],
-        )
-    resumed = _compiled_model(OPTIMIZERS[name])
-    _fit(
-        resumed, epochs=4, callbacks=[keras.callbacks.BackupAndRestore(backup)]
+    resumed = helpers.resumed_after_interruption(
+        lambda: _compiled_model(OPTIMIZERS[name]),
+        lambda model, epochs, callbacks: _fit(
+            model, epochs, callbacks=callbacks
+        ),
+        str(tmp_path / "backup"),
+        epochs=4,
+        interrupt_at=2,
     )
     assert int(resumed.optimizer.iterations) == 16
-    helpers.assert_all_close(
-        helpers.weights_of(resumed), helpers.weights_of(reference), atol=1e-6
-    )
-    helpers.assert_all_close(
-        helpers.optimizer_state(resumed.optimizer),
-        helpers.optimizer_state(reference.optimizer),
-        atol=1e-6,
-    )
+    helpers.assert_same_training_state(resumed, reference)
 
 
 SLOTS = {

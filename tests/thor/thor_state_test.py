@@ -136,33 +136,17 @@ def test_keras_file_resume_equals_uninterrupted(tmp_path):
     )
 
 
-class _InterruptAtEpoch(keras.callbacks.Callback):
-    def __init__(self, epoch):
-        super().__init__()
-        self.epoch = epoch
-
-    def on_epoch_begin(self, epoch, logs=None):
-        if epoch == self.epoch:
-            raise RuntimeError("interrupted")
-
-
 def test_backup_and_restore_resume_equals_uninterrupted(tmp_path):
     reference = _model()
     _fit(reference, epochs=4)
-    backup = str(tmp_path / "backup")
-    interrupted = _model()
-    with pytest.raises(RuntimeError, match="interrupted"):
-        _fit(
-            interrupted,
-            epochs=4,
-            callbacks=[
-                keras.callbacks.BackupAndRestore(backup),
-                _InterruptAtEpoch(3),
-            ],
-        )
-    resumed = _model()
-    _fit(
-        resumed, epochs=4, callbacks=[keras.callbacks.BackupAndRestore(backup)]
+    resumed = helpers.resumed_after_interruption(
+        _model,
+        lambda model, epochs, callbacks: _fit(
+            model, epochs, callbacks=callbacks
+        ),
+        str(tmp_path / "backup"),
+        epochs=4,
+        interrupt_at=3,
     )
     assert int(resumed.optimizer.iterations) == 4 * STEPS_PER_EPOCH
     helpers.assert_all_close(

@@ -142,6 +142,25 @@ def _add_factored_gradients(
     return grads
 
 
+def training_call(model, x):
+    """`model(x)` in training mode, as Keras's `train_step` calls it."""
+    if model._call_has_training_arg:
+        return model(x, training=True)
+    return model(x)
+
+
+def scaled_training_loss(model, x, y, y_pred, sample_weight):
+    """The step's loss, tracked for the logs, scaled for the optimizer
+    (as Keras's TensorFlow `train_step` computes it)."""
+    loss = model._compute_loss(
+        x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+    )
+    model._loss_tracker.update_state(
+        loss * _replicas(), sample_weight=_examples(x)
+    )
+    return model.optimizer.scale_loss(loss)
+
+
 def train_step(model, data, refresh):
     """One training step; on `refresh` steps it also refreshes THOR.
 
@@ -162,17 +181,8 @@ def train_step(model, data, refresh):
     )
     with tf.GradientTape() as tape:
         with recording as calls:
-            if model._call_has_training_arg:
-                y_pred = model(x, training=True)
-            else:
-                y_pred = model(x)
-        loss = model._compute_loss(
-            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
-        )
-        model._loss_tracker.update_state(
-            loss * _replicas(), sample_weight=_examples(x)
-        )
-        scaled_loss = model.optimizer.scale_loss(loss)
+            y_pred = training_call(model, x)
+        scaled_loss = scaled_training_loss(model, x, y, y_pred, sample_weight)
 
     variables = model.trainable_weights
     if thor is None:
@@ -205,7 +215,7 @@ def train_step(model, data, refresh):
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
 
-def _reduce_logs(logs, strategy):
+def reduce_logs(logs, strategy):
     """The logs of one replica-run step as plain tensors (replica mean)."""
     import tensorflow as tf
 
@@ -309,7 +319,7 @@ class ThorTrainFunction:
             logs = strategy.run(
                 lambda batch: train_step(model, batch, refresh), args=(data,)
             )
-            return _reduce_logs(logs, strategy)
+            return reduce_logs(logs, strategy)
 
         compiled = self._compile(one_step, jit=model.jit_compile)
         return model._autoconvert_optionals(compiled)

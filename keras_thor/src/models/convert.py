@@ -37,13 +37,10 @@ def _swap(config):
     return swapped
 
 
-def _thor_class_config(model, serialized):
-    from keras_thor.src.models.thor_model import ThorModel
-    from keras_thor.src.models.thor_model import ThorSequential
-
-    target = (
-        ThorSequential if isinstance(model, keras.Sequential) else ThorModel
-    )
+def with_model_class(model, serialized, functional, sequential):
+    """`serialized` (of `model`) as the `functional` or `sequential` class
+    (registered keras_thor classes), without its compile config."""
+    target = sequential if isinstance(model, keras.Sequential) else functional
     serialized = dict(serialized)
     serialized.pop("compile_config", None)
     serialized.update(
@@ -52,6 +49,29 @@ def _thor_class_config(model, serialized):
         registered_name=f"keras_thor>{target.__name__}",
     )
     return serialized
+
+
+def check_rewritable(model, function, subclass_hint):
+    """Raises unless `model` is a built Sequential or Functional model."""
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            "Argument `model` must be a `keras.Model`. "
+            f"Received: model={model!r} (of type {type(model).__name__})"
+        )
+    functional = isinstance(model, keras.Sequential) or hasattr(
+        model, "_nodes_by_depth"
+    )
+    if not functional:
+        raise ValueError(
+            f"`{function}` converts Sequential and Functional models. "
+            f"For a subclassed model, {subclass_hint}. "
+            f"Received: model of type {type(model).__name__}"
+        )
+    if not model.built:
+        raise ValueError(
+            "Argument `model` must be built (give it an input shape or call "
+            f"it once) so that its weights can be kept. Received: {model.name}"
+        )
 
 
 @keras_thor_export
@@ -77,29 +97,18 @@ def convert_to_thor_model(model):
     Returns:
         The THOR-aware model.
     """
-    if not isinstance(model, keras.Model):
-        raise TypeError(
-            "Argument `model` must be a `keras.Model`. "
-            f"Received: model={model!r} (of type {type(model).__name__})"
-        )
-    functional = isinstance(model, keras.Sequential) or hasattr(
-        model, "_nodes_by_depth"
+    from keras_thor.src.models.thor_model import ThorModel
+    from keras_thor.src.models.thor_model import ThorSequential
+
+    check_rewritable(
+        model,
+        "convert_to_thor_model",
+        "use `keras_thor.layers` inside it and subclass "
+        "`keras_thor.models.ThorModel`",
     )
-    if not functional:
-        raise ValueError(
-            "`convert_to_thor_model` converts Sequential and Functional "
-            "models. For a subclassed model, use `keras_thor.layers` inside "
-            "it and subclass `keras_thor.models.ThorModel`. "
-            f"Received: model of type {type(model).__name__}"
-        )
-    if not model.built:
-        raise ValueError(
-            "Argument `model` must be built (give it an input shape or call "
-            f"it once) so that its weights can be kept. Received: {model.name}"
-        )
     serialized = _swap(keras.saving.serialize_keras_object(model))
     converted = keras.saving.deserialize_keras_object(
-        _thor_class_config(model, serialized)
+        with_model_class(model, serialized, ThorModel, ThorSequential)
     )
     converted.set_weights(model.get_weights())
     return converted

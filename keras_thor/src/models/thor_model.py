@@ -3,6 +3,7 @@
 import keras
 
 from keras_thor.src.api_export import keras_thor_export
+from keras_thor.src.models.own_training import own_train_function
 
 
 class ThorTrainer:
@@ -21,26 +22,15 @@ class ThorTrainer:
 
         if thor_optimizer_of(self.optimizer) is None:
             return super().make_train_function(force=force)
-        if self.train_function is not None and not force:
-            if hasattr(self.train_function, "resync"):
-                self.train_function.resync()
-            return self.train_function
-        if keras.backend.backend() != "tensorflow":
-            raise ValueError(
-                "THOR's curvature capture needs the TensorFlow backend. "
-                f"Received: backend={keras.backend.backend()!r}"
-            )
-        if type(self).train_step is not keras.Model.train_step:
-            raise ValueError(
-                "THOR trains with keras_thor's own training step, which "
-                "captures the curvature; it cannot run an overridden "
-                f"`train_step` ({type(self).__name__}.train_step). Remove the "
-                "override, or train this model with another optimizer."
-            )
-        from keras_thor.src.backend.thor_training import ThorTrainFunction
+        return own_train_function(
+            self, force, "THOR's curvature capture", _thor_train_function
+        )
 
-        self.train_function = ThorTrainFunction(self)
-        return self.train_function
+
+def _thor_train_function(model):
+    from keras_thor.src.backend.thor_training import ThorTrainFunction
+
+    return ThorTrainFunction(model)
 
 
 def _functional_arguments(args, kwargs):

@@ -1,0 +1,21 @@
+"""MindSpore's boost training accelerators for Keras models."""
+
+from keras_thor.src.boost.adasum import AdaSum
+from keras_thor.src.boost.auto_boost import AutoBoost
+from keras_thor.src.boost.boost_optimizer import BoostOptimizer
+from keras_thor.src.boost.boost_optimizer import GradientAccumulation
+from keras_thor.src.boost.gradient_freeze import GradientFreeze
+from keras_thor.src.boost.less_bn import LessBN
+from keras_thor.src.boost.optimizer_process import OptimizerProcess
+from keras_thor.src.models.boost_model import to_boost_model
+
+__all__ = [
+    "AdaSum",
+    "AutoBoost",
+    "BoostOptimizer",
+    "GradientAccumulation",
+    "GradientFreeze",
+    "LessBN",
+    "OptimizerProcess",
+    "to_boost_model",
+]

@@ -1,0 +1,124 @@
+"""The training step of keras_thor's boost models and its traced variants.
+
+A step either trains every variable or, under gradient freezing, one group
+(a suffix of the network); it either updates the weights or, under
+gradient accumulation, only accumulates. Each combination is its own
+`tf.function`, chosen in Python before the step from the optimizer's step
+counter: the frozen prefix is never differentiated, and no collective sits
+inside a `tf.cond` (which breaks under tf.distribute).
+"""
+
+import keras
+
+from keras_thor.src.backend.thor_training import reduce_logs
+from keras_thor.src.backend.thor_training import scaled_training_loss
+from keras_thor.src.backend.thor_training import training_call
+
+
+def train_step(model, data, variables, update):
+    """One step: gradients of `variables` only, handed to the
+    `BoostOptimizer` (which updates them when `update`)."""
+    import tensorflow as tf
+
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    # Only the trained variables are watched: the frozen front's forward
+    # pass is not recorded, so no backward pass reaches it.
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch([v.value for v in variables])
+        y_pred = training_call(model, x)
+        scaled_loss = scaled_training_loss(model, x, y, y_pred, sample_weight)
+    grads = tape.gradient(scaled_loss, variables)
+    model.optimizer.boost_apply(grads, variables, update)
+    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+class BoostTrainFunction:
+    """`model.train_function` of a boost model with a `BoostOptimizer`.
+
+    Each call runs up to `model.steps_per_execution` steps (fewer at the
+    end of the data), each step one traced call of the variant its step
+    number selects: the group to train (gradient freezing) and whether to
+    update (gradient accumulation). The step number is read from the
+    optimizer's `micro_steps` at the start of each `fit` and then counted
+    in Python (every step counts, so it never drifts).
+    """
+
+    def __init__(self, model):
+        self.model = model
+        optimizer = model.optimizer
+        variables = list(model.trainable_variables)
+        if not optimizer.built:
+            optimizer.build(variables)
+        freeze = optimizer.grad_freeze
+        self._groups = (
+            [variables]
+            if freeze is None
+            else freeze.split_parameters_groups(model)
+        )
+        self._variants = {}
+        self._step = None
+
+    def resync(self):
+        """Reads the step number from the optimizer before the next step."""
+        self._step = None
+
+    def _variant(self, group, update):
+        key = (group, update)
+        if key not in self._variants:
+            self._variants[key] = self._compile(self._groups[group], update)
+        return self._variants[key]
+
+    def _compile(self, variables, update):
+        import tensorflow as tf
+
+        model = self.model
+
+        def one_step(data):
+            strategy = model.distribute_strategy
+            logs = strategy.run(
+                lambda batch: train_step(model, batch, variables, update),
+                args=(data,),
+            )
+            return reduce_logs(logs, strategy)
+
+        if model.run_eagerly:
+            return one_step
+        compiled = tf.function(
+            one_step,
+            reduce_retracing=True,
+            jit_compile=model.jit_compile,
+            autograph=False,
+        )
+        return model._autoconvert_optionals(compiled)
+
+    def _batches(self, iterator):
+        import tensorflow as tf
+
+        if not isinstance(
+            iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)
+        ):
+            yield from iterator
+            return
+        while True:
+            batch = iterator.get_next_as_optional()
+            if not batch.has_value():
+                return
+            yield batch.get_value()
+
+    def __call__(self, iterator):
+        import tensorflow as tf
+
+        optimizer = self.model.optimizer
+        if self._step is None:
+            self._step = int(keras.ops.convert_to_numpy(optimizer.micro_steps))
+        freeze = optimizer.grad_freeze
+        logs = None
+        batches = self._batches(iterator)
+        for _, data in zip(range(self.model.steps_per_execution), batches):
+            group = 0 if freeze is None else freeze.group_at(self._step)
+            step = self._variant(group, optimizer.applies_at(self._step))
+            logs = step(data)
+            self._step += 1
+        if logs is None:
+            raise tf.errors.OutOfRangeError(None, None, "End of data.")
+        return logs
