@@ -100,7 +100,7 @@ def describe(model, optimizer):
     print(
         f"    {len(groups)} freezing groups of "
         f"{[len(g) for g in groups]} variables; first steps' groups: "
-        f"{list(freeze.generate_freeze_index_sequence()[:16])}"
+        f"{freeze.generate_freeze_index_sequence()[:16].tolist()}"
     )
 
 
