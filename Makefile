@@ -45,6 +45,7 @@ benchmark: $(VENV)/.installed
 	$(PY) benchmarks/thor_time_to_accuracy.py
 	$(PY) benchmarks/thor_step_cost.py
 	$(PY) benchmarks/boost_throughput.py
+	$(PY) benchmarks/distributed.py
 
 clean:
 	rm -rf $(VENV) results

@@ -39,7 +39,6 @@ from thor_time_to_accuracy import digits  # noqa: E402
 
 import keras_thor  # noqa: E402
 from keras_thor.src.backend.thor_training import curvature_statistics  # noqa: E402
-from keras_thor.src.curvature.factor_inverses import layers_factor_inverses  # noqa: E402
 from keras_thor.src.layers import capture  # noqa: E402
 from keras_thor.src.optimizers import thor_update  # noqa: E402
 
@@ -168,15 +167,7 @@ def refresh_pieces(model, x, y):
 
     @tf.function
     def invert(statistics):
-        return layers_factor_inverses(
-            [statistics[i][:2] for i in kernels],
-            [thor._a_inverses[i] for i in kernels],
-            [thor._g_inverses[i] for i in kernels],
-            thor.current_damping(),
-            [statistics[i][2] for i in kernels],
-            [thor._kinds[i] == thor_update.DIAGONAL_KRONECKER for i in kernels],
-            thor.split_dim,
-        )
+        return [thor.layer_inverses(i, statistics[i]) for i in kernels]
 
     grads = backward(x, y)
 

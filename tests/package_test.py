@@ -13,6 +13,7 @@ TENSORFLOW_MODULES = {
     "src/backend/fusion.py",
     "src/backend/linalg.py",
     "src/backend/memory_update.py",
+    "src/backend/multi_worker.py",
     "src/backend/patches.py",
     "src/backend/replicas.py",
     "src/backend/single_device.py",

@@ -1,4 +1,5 @@
-"""ASGD and SAG under MirroredStrategy equal one device at the same batch."""
+"""ASGD and SAG under MirroredStrategy (2 and 4 replicas) equal one device
+at the same global batch."""
 
 import contextlib
 
@@ -6,6 +7,7 @@ import keras
 import numpy as np
 import pytest
 
+import keras_thor
 from keras_thor.callbacks import SwapAveragedWeights
 from keras_thor.optimizers import ASGD
 from keras_thor.optimizers import SAG
@@ -23,23 +25,31 @@ def _strategy(replicas):
     return helpers.mirrored_strategy(replicas)
 
 
-def _train(make_optimizer, strategy=None, callbacks=()):
-    x, y = helpers.regression_data()
+def _model(make_optimizer, strategy=None):
     scope = strategy.scope() if strategy else contextlib.nullcontext()
     with scope:
         model = helpers.mlp()
         model.compile(optimizer=make_optimizer(), loss="mse")
-    history = model.fit(
+    return model
+
+
+def _fit(model, epochs=3, callbacks=()):
+    x, y = helpers.regression_data()
+    return model.fit(
         x,
         y,
         batch_size=16,
-        epochs=3,
+        epochs=epochs,
         shuffle=False,
         validation_data=(x[:16], y[:16]),
         callbacks=list(callbacks),
         verbose=0,
     )
-    return model, history
+
+
+def _train(make_optimizer, strategy=None, callbacks=()):
+    model = _model(make_optimizer, strategy)
+    return model, _fit(model, callbacks=callbacks)
 
 
 def _replica_values(variable):
@@ -47,11 +57,12 @@ def _replica_values(variable):
     return [np.asarray(v) for v in values.values]
 
 
+@pytest.mark.parametrize("replicas", [2, 4])
 @pytest.mark.parametrize("name", OPTIMIZERS)
-def test_two_replicas_equal_one_device(name, fusion_mode):
+def test_replicas_equal_one_device(name, replicas, fusion_mode):
     single, single_history = _train(OPTIMIZERS[name])
-    strategy = _strategy(2)
-    assert strategy.num_replicas_in_sync == 2
+    strategy = _strategy(replicas)
+    assert strategy.num_replicas_in_sync == replicas
     mirrored, mirrored_history = _train(OPTIMIZERS[name], strategy)
     np.testing.assert_allclose(
         mirrored_history.history["loss"],
@@ -70,6 +81,20 @@ def test_two_replicas_equal_one_device(name, fusion_mode):
         first, *others = _replica_values(variable)
         for other in others:
             np.testing.assert_array_equal(other, first)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_backup_and_restore_resumes_as_uninterrupted(name, tmp_path):
+    strategy = _strategy(2)
+    reference, _ = _train(OPTIMIZERS[name], strategy)
+    resumed = helpers.resumed_after_interruption(
+        lambda: _model(OPTIMIZERS[name], strategy),
+        _fit,
+        str(tmp_path / "backup"),
+        epochs=3,
+        interrupt_at=2,
+    )
+    helpers.assert_same_training_state(resumed, reference, atol=1e-6)
 
 
 def test_averaged_weights_swap_under_strategy():
@@ -128,3 +153,31 @@ def test_options_keras_breaks_under_strategy_are_refused(
         with pytest.raises(ValueError, match=f"cannot use {name}"):
             model.optimizer.build(model.trainable_variables)
         assert not model.optimizer.built
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: (keras_thor.convert_to_thor_model(helpers.mlp()), ASGD(0.05)),
+        lambda: (
+            keras_thor.convert_to_thor_model(helpers.mlp()),
+            keras_thor.optimizers.THOR(0.05, 0.1, 0.9),
+        ),
+        lambda: (
+            keras_thor.boost.to_boost_model(helpers.mlp()),
+            keras_thor.boost.BoostOptimizer(ASGD(0.05)),
+        ),
+    ],
+)
+def test_jit_compile_under_strategy_is_a_clear_error(make):
+    x, y = helpers.regression_data()
+    with _strategy(2).scope():
+        model, optimizer = make()
+        model.compile(optimizer=optimizer, loss="mse", jit_compile=True)
+    for run in (
+        lambda: model.fit(x, y, batch_size=16, verbose=0),
+        lambda: model.evaluate(x, y, verbose=0),
+        lambda: model.predict(x, verbose=0),
+    ):
+        with pytest.raises(ValueError, match="`jit_compile=True` does not"):
+            run()

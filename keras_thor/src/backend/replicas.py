@@ -6,6 +6,8 @@ single-device operation.
 
 import keras
 
+from keras_thor.src.optimizers.finite import is_finite
+
 
 def _replica_context():
     """The TF replica context when several replicas run, else `None`."""
@@ -69,9 +71,17 @@ def _tf_variable(variable):
 
 
 def replica_id():
-    """This replica's index in its sync group (0 outside a strategy)."""
+    """This replica's index in its sync group (0 outside a strategy): a
+    Python int where the strategy fixes it when tracing (Mirrored,
+    MultiWorkerMirrored), else a scalar tensor (TPU)."""
+    import tensorflow as tf
+
     context = _replica_context()
-    return 0 if context is None else context.replica_id_in_sync_group
+    if context is None:
+        return 0
+    index = context.replica_id_in_sync_group
+    static = tf.get_static_value(index)
+    return index if static is None else int(static)
 
 
 def all_gather(tensors):
@@ -89,3 +99,46 @@ def use_local_gradients(optimizer):
     is skipped (a per-instance override of its private hook; the replicas
     run their steps in threads at once, so it is set once for good)."""
     optimizer._all_reduce_sum_gradients = list
+
+
+def finite_on_all_replicas(grads):
+    """Whether every replica's `grads` (`None` entries skipped) are finite:
+    a scalar boolean, equal on every replica (one scalar all-reduce)."""
+    present = [g for g in grads if g is not None]
+    finite = [is_finite(_dense_values(g)) for g in present]
+    if not finite:
+        return keras.ops.convert_to_tensor(True)
+    troubles = keras.ops.cast(
+        keras.ops.logical_not(keras.ops.all(keras.ops.stack(finite))),
+        "float32",
+    )
+    return all_reduce_sum([troubles])[0] == 0
+
+
+def overflow_on_every_replica(grads):
+    """`grads`, made NaN on every replica when one replica's are not finite.
+
+    A `keras.optimizers.LossScaleOptimizer` under a strategy decides from
+    replica 0's gradients whether a step overflowed; with this, an
+    overflow on any replica is seen there (and the step skipped).
+    """
+    if _replica_context() is None:
+        return list(grads)
+    poison = keras.ops.where(finite_on_all_replicas(grads), 0.0, float("nan"))
+    return [None if g is None else _plus(g, poison) for g in grads]
+
+
+def _dense_values(gradient):
+    # The values of an IndexedSlices (an Embedding's TF gradient).
+    return getattr(gradient, "values", gradient)
+
+
+def _plus(gradient, scalar):
+    import tensorflow as tf
+
+    scalar = keras.ops.cast(scalar, gradient.dtype)
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            gradient.values + scalar, gradient.indices, gradient.dense_shape
+        )
+    return gradient + scalar

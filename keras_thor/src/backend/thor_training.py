@@ -14,6 +14,7 @@ import warnings
 import keras
 from keras import ops
 
+from keras_thor.src.backend import replicas
 from keras_thor.src.layers import capture
 
 
@@ -161,6 +162,13 @@ def scaled_training_loss(model, x, y, y_pred, sample_weight):
     return model.optimizer.scale_loss(loss)
 
 
+def _apply(optimizer, grads, variables):
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        # It would look at replica 0's gradients only.
+        grads = replicas.overflow_on_every_replica(grads)
+    optimizer.apply_gradients(zip(grads, variables))
+
+
 def train_step(model, data, refresh):
     """One training step; on `refresh` steps it also refreshes THOR.
 
@@ -168,7 +176,8 @@ def train_step(model, data, refresh):
     calls, the loss is differentiated with respect to their outputs too
     (refresh steps, and Dense layers preconditioned in the factored order),
     and on refresh steps the factors go to the optimizer before
-    `apply_gradients`.
+    `apply_gradients`. Under a strategy, a `LossScaleOptimizer` sees an
+    overflow on any replica (Keras's looks at replica 0's gradients).
     """
     import tensorflow as tf
 
@@ -186,8 +195,16 @@ def train_step(model, data, refresh):
 
     variables = model.trainable_weights
     if thor is None:
-        grads = tape.gradient(scaled_loss, variables)
-        model.optimizer.apply_gradients(zip(grads, variables))
+        if variables:
+            _apply(
+                model.optimizer,
+                tape.gradient(scaled_loss, variables),
+                variables,
+            )
+        else:
+            warnings.warn(
+                "The model does not have any trainable weights.", stacklevel=2
+            )
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
     if not model.optimizer.built:
         model.optimizer.build(variables)
@@ -209,7 +226,7 @@ def train_step(model, data, refresh):
     )
     thor.preconditioned_kernels = frozenset(factored)
     try:
-        model.optimizer.apply_gradients(zip(grads, variables))
+        _apply(model.optimizer, grads, variables)
     finally:
         thor.preconditioned_kernels = frozenset()
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)

@@ -8,6 +8,7 @@ from keras_thor.src.backend import replicas
 from keras_thor.src.boost.adasum import AdaSum
 from keras_thor.src.boost.adasum import adasum_tree
 from keras_thor.src.boost.centralization import centralize_gradient
+from keras_thor.src.optimizers.finite import is_finite
 from keras_thor.src.utils.validation import check_int
 
 
@@ -223,7 +224,9 @@ class BoostOptimizer(keras.optimizers.Optimizer):
         if self.adasum is not None:
             self._adasum_apply(grads, variables)
         elif self.grad_accumulation_step == 1 and loss_scaled:
-            self.inner_optimizer.apply(grads, variables)
+            self.inner_optimizer.apply(
+                replicas.overflow_on_every_replica(grads), variables
+            )
         elif self.grad_accumulation_step == 1:
             self.inner_optimizer.apply(
                 self._zeroed_unless_finite(grads), variables
@@ -240,7 +243,7 @@ class BoostOptimizer(keras.optimizers.Optimizer):
         ]
 
     def _zeroed_unless_finite(self, grads):
-        finite = _finite_on_all_replicas(grads)
+        finite = replicas.finite_on_all_replicas(grads)
         return [
             None if g is None else ops.where(finite, g, ops.zeros_like(g))
             for g in grads
@@ -373,15 +376,8 @@ class BoostOptimizer(keras.optimizers.Optimizer):
 
 
 def _all_finite(tensors):
-    finite = [ops.all(ops.isfinite(t)) for t in tensors]
+    finite = [is_finite(t) for t in tensors]
     return ops.all(ops.stack(finite)) if finite else ops.convert_to_tensor(True)
-
-
-def _finite_on_all_replicas(grads):
-    """Whether every replica's gradients are finite (one scalar sum)."""
-    present = [g for g in grads if g is not None]
-    troubles = ops.cast(ops.logical_not(_all_finite(present)), "float32")
-    return replicas.all_reduce_sum([troubles])[0] == 0
 
 
 def GradientAccumulation(max_accumulation_step, optimizer):

@@ -56,32 +56,3 @@ def factor_inverses(
         ops.where(usable, g_inverse, previous_g_inverse),
         trouble,
     )
-
-
-def layers_factor_inverses(
-    factors,
-    previous_a_inverses,
-    previous_g_inverses,
-    damping,
-    factor_scales,
-    a_is_diagonal,
-    split_dim,
-):
-    """`factor_inverses` for several layers (lists in, a list out).
-
-    `factors` holds one `(A, G)` per layer, `factor_scales` one scale (a
-    float, or a tensor for a convolution without a static size), and
-    `a_is_diagonal` one Python bool.
-    """
-    return [
-        factor_inverses(
-            a, g, scale, diagonal, damping, split_dim, previous_a, previous_g
-        )
-        for (a, g), previous_a, previous_g, scale, diagonal in zip(
-            factors,
-            previous_a_inverses,
-            previous_g_inverses,
-            factor_scales,
-            a_is_diagonal,
-        )
-    ]

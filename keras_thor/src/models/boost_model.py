@@ -5,6 +5,7 @@ import keras
 from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.models.convert import check_rewritable
 from keras_thor.src.models.convert import with_model_class
+from keras_thor.src.models.distributed_trainer import DistributedTrainer
 from keras_thor.src.models.own_training import own_train_function
 
 
@@ -14,7 +15,7 @@ def _boost_optimizer_of(optimizer):
     return optimizer if isinstance(optimizer, BoostOptimizer) else None
 
 
-class BoostTrainer:
+class BoostTrainer(DistributedTrainer):
     """Mixin: `fit` runs a `BoostOptimizer`'s frozen and accumulating steps.
 
     With a `keras_thor.boost.BoostOptimizer` the training step takes

@@ -2,6 +2,9 @@
 
 import keras
 
+from keras_thor.src.models.distributed_trainer import check_jit_under_strategy
+from keras_thor.src.models.distributed_trainer import has_own_train_step
+
 
 def own_train_function(model, force, feature, make):
     """`model.train_function`, made by `make(model)` when missing (or
@@ -20,11 +23,12 @@ def own_train_function(model, force, feature, make):
             f"{feature} needs the TensorFlow backend. "
             f"Received: backend={keras.backend.backend()!r}"
         )
-    if type(model).train_step is not keras.Model.train_step:
+    if has_own_train_step(model):
         raise ValueError(
             f"{feature} runs keras_thor's own training step; it cannot run "
             f"an overridden `train_step` ({type(model).__name__}.train_step)."
             " Remove the override, or train with another optimizer."
         )
+    check_jit_under_strategy(model)
     model.train_function = make(model)
     return model.train_function

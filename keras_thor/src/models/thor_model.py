@@ -3,10 +3,11 @@
 import keras
 
 from keras_thor.src.api_export import keras_thor_export
+from keras_thor.src.models.distributed_trainer import DistributedTrainer
 from keras_thor.src.models.own_training import own_train_function
 
 
-class ThorTrainer:
+class ThorTrainer(DistributedTrainer):
     """Mixin: `fit` runs THOR's refresh and plain steps apart.
 
     With a THOR optimizer (bare or inside a `LossScaleOptimizer`), steps

@@ -4,10 +4,13 @@ import keras
 from keras import ops
 
 from keras_thor.src.api_export import keras_thor_export
+from keras_thor.src.backend import replicas
 from keras_thor.src.backend.dense import dense
 from keras_thor.src.backend.fusion import fused
 from keras_thor.src.curvature.block_inverse import block_layout
-from keras_thor.src.curvature.factor_inverses import layers_factor_inverses
+from keras_thor.src.curvature.factor_inverses import factor_inverses
+from keras_thor.src.curvature.inverse_placement import inverse_owners
+from keras_thor.src.curvature.inverse_placement import inversion_cost
 from keras_thor.src.layers import capture
 from keras_thor.src.optimizers import thor_update
 from keras_thor.src.optimizers.batched_update import BatchedUpdate
@@ -19,6 +22,8 @@ from keras_thor.src.schedules.per_step import per_step_values
 from keras_thor.src.utils import validation
 
 _fused_thor_updates = fused(thor_update.thor_updates)
+# Faster at 2 and 4 replicas (docs/benchmarks.md, "THOR's reductions").
+SPREAD_INVERSES_DEFAULT = True
 
 
 def _identity_blocks(shape, dtype=None):
@@ -148,6 +153,12 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             steps. Defaults to `100`.
         split_dim: Integer > 0: the block size of the block-diagonal
             inverses. Defaults to `128`.
+        spread_inverses: Boolean: under a tf.distribute strategy, each
+            replica inverts a share of the layers (balanced by cost) and
+            the inverses are then summed across replicas (KAISA-style);
+            otherwise every replica inverts every layer. No effect on one
+            device. Defaults to the faster one measured
+            (docs/distributed.md).
         {{base_optimizer_keyword_args}}
 
     Example:
@@ -180,6 +191,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         enable_clip_grad=False,
         frequency=100,
         split_dim=128,
+        spread_inverses=SPREAD_INVERSES_DEFAULT,
         clipnorm=None,
         clipvalue=None,
         global_clipnorm=None,
@@ -220,6 +232,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         batch_size = validation.check_int("batch_size", batch_size, 1)
         validation.check_bool("use_nesterov", use_nesterov)
         validation.check_bool("enable_clip_grad", enable_clip_grad)
+        validation.check_bool("spread_inverses", spread_inverses)
         if decay_filter is not None and not callable(decay_filter):
             raise TypeError(
                 "Argument `decay_filter` must be a callable "
@@ -253,6 +266,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         self.use_nesterov = use_nesterov
         self.decay_filter = decay_filter
         self.enable_clip_grad = enable_clip_grad
+        self.spread_inverses = spread_inverses
         self.curvature_from_model = False
         # Kernels whose gradient this step's training step already
         # preconditioned (the factored order); set while a step is traced.
@@ -411,21 +425,71 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         indices = sorted(statistics)
         # Not compiled: XLA's CPU Cholesky and triangular solve were 10x
         # slower than TensorFlow's (docs/benchmarks.md).
-        results = layers_factor_inverses(
-            [statistics[i][:2] for i in indices],
-            [self._a_inverses[i] for i in indices],
-            [self._g_inverses[i] for i in indices],
-            self.current_damping(),
-            [statistics[i][2] for i in indices],
-            [self._kinds[i] == thor_update.DIAGONAL_KRONECKER for i in indices],
-            self.split_dim,
-        )
+        if self.spread_inverses and replicas.replica_count() > 1:
+            results = self._spread_layer_inverses(indices, statistics)
+        else:
+            results = [self.layer_inverses(i, statistics[i]) for i in indices]
         troubles = []
         for index, (a_inverse, g_inverse, trouble) in zip(indices, results):
             self.assign(self._a_inverses[index], a_inverse)
             self.assign(self._g_inverses[index], g_inverse)
             troubles.append(ops.cast(trouble, "int32"))
         self.assign_add(self._curvature_troubles, ops.sum(ops.stack(troubles)))
+
+    def layer_inverses(self, index, statistics):
+        """`(A⁻¹, G⁻¹, trouble)` of kernel `index` from its `(A, G, c)`."""
+        a, g, factor_scale = statistics
+        return factor_inverses(
+            a,
+            g,
+            factor_scale,
+            self._kinds[index] == thor_update.DIAGONAL_KRONECKER,
+            self.current_damping(),
+            self.split_dim,
+            self._a_inverses[index],
+            self._g_inverses[index],
+        )
+
+    def _spread_layer_inverses(self, indices, statistics):
+        """`layer_inverses` of every kernel in `indices`, each computed on
+        one replica (balanced by cost) and summed across the replicas (the
+        others contribute zeros): one collective."""
+        owners = inverse_owners(
+            [
+                inversion_cost(
+                    [self._a_inverses[i].shape, self._g_inverses[i].shape]
+                )
+                for i in indices
+            ],
+            replicas.replica_count(),
+        )
+        this_replica = replicas.replica_id()
+        flat = []
+        for index, owner in zip(indices, owners):
+
+            def mine(index=index):
+                a_inverse, g_inverse, trouble = self.layer_inverses(
+                    index, statistics[index]
+                )
+                return a_inverse, g_inverse, ops.cast(trouble, "float32")
+
+            def others(index=index):
+                return (
+                    ops.zeros(self._a_inverses[index].shape, "float32"),
+                    ops.zeros(self._g_inverses[index].shape, "float32"),
+                    ops.convert_to_tensor(0.0),
+                )
+
+            if isinstance(this_replica, int):
+                parts = mine() if this_replica == owner else others()
+            else:
+                parts = ops.cond(this_replica == owner, mine, others)
+            flat.extend(parts)
+        flat = replicas.all_reduce_sum(flat)
+        return [
+            (flat[3 * k], flat[3 * k + 1], flat[3 * k + 2] > 0)
+            for k in range(len(indices))
+        ]
 
     def uses_factored_order(self, layer, inputs):
         """Whether to precondition `layer`'s kernel in the factored order.
@@ -507,6 +571,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
                 "enable_clip_grad": self.enable_clip_grad,
                 "frequency": self.frequency,
                 "split_dim": self.split_dim,
+                "spread_inverses": self.spread_inverses,
             }
         )
         return config
