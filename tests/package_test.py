@@ -13,10 +13,10 @@ TENSORFLOW_MODULES = {
     "src/backend/fusion.py",
     "src/backend/linalg.py",
     "src/backend/memory_update.py",
-    "src/backend/multi_worker.py",
     "src/backend/patches.py",
     "src/backend/replicas.py",
     "src/backend/single_device.py",
+    "src/backend/strategies.py",
     "src/backend/thor_training.py",
 }
 

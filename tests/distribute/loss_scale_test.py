@@ -42,6 +42,7 @@ MODELS = {
         to_boost_model(helpers.mlp()),
         BoostOptimizer(_scaled(keras.optimizers.SGD(0.05, momentum=0.9))),
     ),
+    # Decides on the all-reduced accumulation (its own path).
     "boost_accumulation": lambda: (
         to_boost_model(helpers.mlp()),
         BoostOptimizer(

@@ -116,16 +116,21 @@ def finite_on_all_replicas(grads):
 
 
 def overflow_on_every_replica(grads):
-    """`grads`, made NaN on every replica when one replica's are not finite.
+    """`grads`, made non-finite on every replica when one replica's are.
 
     A `keras.optimizers.LossScaleOptimizer` under a strategy decides from
     replica 0's gradients whether a step overflowed; with this, an
-    overflow on any replica is seen there (and the step skipped).
+    overflow on any replica is seen there (and the step skipped). It
+    looks at all gradients together, so a NaN in the first is enough.
     """
     if _replica_context() is None:
         return list(grads)
     poison = keras.ops.where(finite_on_all_replicas(grads), 0.0, float("nan"))
-    return [None if g is None else _plus(g, poison) for g in grads]
+    grads = list(grads)
+    first = next((i for i, g in enumerate(grads) if g is not None), None)
+    if first is not None:
+        grads[first] = _plus(grads[first], poison)
+    return grads
 
 
 def _dense_values(gradient):

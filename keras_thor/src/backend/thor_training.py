@@ -159,6 +159,8 @@ def scaled_training_loss(model, x, y, y_pred, sample_weight):
     model._loss_tracker.update_state(
         loss * _replicas(), sample_weight=_examples(x)
     )
+    if model.optimizer is None:
+        return loss
     return model.optimizer.scale_loss(loss)
 
 

@@ -15,29 +15,32 @@ right for every optimizer (see docs/distributed.md):
 
 import keras
 
-from keras_thor.src.backend.multi_worker import in_multi_worker_mode
-from keras_thor.src.backend.multi_worker import local_value
+from keras_thor.src.backend.strategies import in_multi_worker_mode
+from keras_thor.src.backend.strategies import local_value
+from keras_thor.src.backend.strategies import spans_local_devices
 
 
 def check_jit_under_strategy(model):
-    """Raises for `jit_compile=True` under several replicas.
+    """Raises for `jit_compile=True` across several local devices.
 
-    Keras 3.15 puts `strategy.run` inside the XLA function there, which
-    fails ("Trying to access resource ... located in device CPU:1"); its
-    `"auto"` turns XLA off under a strategy. Compiling each replica's
-    forward and backward pass alone was slower on CPU (docs/distributed.md),
-    so keras_thor does not offer it.
+    Keras 3.15 puts `strategy.run` inside the XLA function, which fails
+    when the replicas live on several devices of one worker ("Trying to
+    access resource ... located in device CPU:1"); its `"auto"` turns XLA
+    off under a strategy. Compiling each replica's forward and backward
+    pass alone was slower on CPU (docs/distributed.md), so keras_thor does
+    not offer it. Prediction is not refused (Keras's works).
     """
     if keras.backend.backend() != "tensorflow" or not model.jit_compile:
         return
     strategy = model.distribute_strategy
-    if strategy.num_replicas_in_sync > 1:
+    if spans_local_devices(strategy):
         raise ValueError(
             "`jit_compile=True` does not work under a tf.distribute "
-            f"strategy with {strategy.num_replicas_in_sync} replicas in "
-            "Keras 3.15 (XLA cannot reach the other replicas' variables). "
-            "Compile with `jit_compile=False` or `'auto'` (which turns XLA "
-            "off under a strategy). Received: jit_compile=True"
+            f"strategy over {len(strategy.extended.worker_devices)} local "
+            "devices in Keras 3.15 (one XLA computation cannot reach the "
+            "other devices' variables). Compile with `jit_compile=False` "
+            "or `'auto'` (which turns XLA off under a strategy). "
+            "Received: jit_compile=True"
         )
 
 
@@ -55,8 +58,8 @@ class DistributedTrainer:
     except that under a strategy with a `LossScaleOptimizer` an overflow on
     any replica is seen by all; under MultiWorkerMirroredStrategy `fit`,
     `evaluate` and `validation_data` work (Keras 3.15's fail there); and
-    `jit_compile=True` under several replicas is a clear error (Keras's
-    fails obscurely).
+    training or evaluating with `jit_compile=True` across several local
+    devices is a clear error (Keras's fails obscurely).
     """
 
     def make_train_function(self, force=False):
@@ -66,10 +69,6 @@ class DistributedTrainer:
     def make_test_function(self, force=False):
         check_jit_under_strategy(self)
         return super().make_test_function(force=force)
-
-    def make_predict_function(self, force=False):
-        check_jit_under_strategy(self)
-        return super().make_predict_function(force=force)
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         strategy = self._distribute_strategy

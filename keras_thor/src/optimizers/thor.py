@@ -22,7 +22,7 @@ from keras_thor.src.schedules.per_step import per_step_values
 from keras_thor.src.utils import validation
 
 _fused_thor_updates = fused(thor_update.thor_updates)
-# Faster at 2 and 4 replicas (docs/benchmarks.md, "THOR's reductions").
+# Faster at 2 and 4 CPU replicas (docs/benchmarks.md, "THOR's reductions").
 SPREAD_INVERSES_DEFAULT = True
 
 
@@ -157,8 +157,8 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             replica inverts a share of the layers (balanced by cost) and
             the inverses are then summed across replicas (KAISA-style);
             otherwise every replica inverts every layer. No effect on one
-            device. Defaults to the faster one measured
-            (docs/distributed.md).
+            device. Defaults to `True`, measured faster on logical CPU
+            devices (docs/distributed.md).
         {{base_optimizer_keyword_args}}
 
     Example:

@@ -1,4 +1,4 @@
-"""MultiWorkerMirroredStrategy facts the model classes need (TensorFlow)."""
+"""Facts about the current tf.distribute strategy (TensorFlow)."""
 
 
 def in_multi_worker_mode(strategy):
@@ -18,3 +18,13 @@ def local_value(strategy, value):
     if isinstance(value, tf.distribute.DistributedValues):
         return strategy.experimental_local_results(value)[0]
     return value
+
+
+def spans_local_devices(strategy):
+    """Whether `strategy` runs replicas on several devices of this worker
+    (TPUs aside, which compile everything with XLA anyway)."""
+    import tensorflow as tf
+
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        return False
+    return len(getattr(strategy.extended, "worker_devices", ())) > 1
