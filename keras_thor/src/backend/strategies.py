@@ -25,6 +25,8 @@ def spans_local_devices(strategy):
     (TPUs aside, which compile everything with XLA anyway)."""
     import tensorflow as tf
 
-    if isinstance(strategy, tf.distribute.TPUStrategy):
+    if strategy.num_replicas_in_sync == 1 or isinstance(
+        strategy, tf.distribute.TPUStrategy
+    ):
         return False
-    return len(getattr(strategy.extended, "worker_devices", ())) > 1
+    return len(strategy.extended.worker_devices) > 1
