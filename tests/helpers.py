@@ -38,6 +38,19 @@ def optimizer_state(optimizer):
     return [keras.ops.convert_to_numpy(v) for v in optimizer.variables]
 
 
+def replica_values(variable):
+    """Every replica's copy of a variable made under a strategy."""
+    return [np.asarray(v) for v in variable.value.values]
+
+
+def assert_replicas_identical(variables):
+    """Every replica's copy of each variable is bit-identical."""
+    for variable in variables:
+        first, *others = replica_values(variable)
+        for other in others:
+            np.testing.assert_array_equal(other, first)
+
+
 def assert_all_close(actual, expected, atol=1e-6, rtol=1e-6):
     assert len(actual) == len(expected)
     for a, e in zip(actual, expected):

@@ -97,10 +97,6 @@ def _boosted(replicas, device_number, momentum):
     return model
 
 
-def _replica_values(variable):
-    return [np.asarray(v) for v in variable.value.values]
-
-
 @pytest.mark.parametrize(
     "replicas, device_number, momentum",
     [(2, 1, 0.0), (2, 1, 0.9), (4, 1, 0.9), (4, 2, 0.9)],
@@ -112,14 +108,14 @@ def test_fit_equals_reference(replicas, device_number, momentum):
         helpers.weights_of(model), helpers.weights_of(reference), atol=2e-6
     )
     for variable in model.weights:  # the weights agree on every replica
-        values = _replica_values(variable)
+        values = helpers.replica_values(variable)
         for value in values[1:]:
             np.testing.assert_array_equal(value, values[0])
     sgd = model.optimizer.inner_optimizer
     if momentum:
         # Each replica keeps its own momentum, as in Horovod and MindSpore.
         for index, variable in enumerate(model.trainable_variables):
-            momenta = _replica_values(
+            momenta = helpers.replica_values(
                 sgd.momentums[sgd._get_variable_index(variable)]
             )
             for replica, value in enumerate(momenta):
@@ -151,7 +147,7 @@ def test_auto_boost_o2_runs_adasum_across_replicas():
     # (Keras's own BatchNormalization moving statistics differ across
     # replicas under MirroredStrategy, with or without boost.)
     for variable in model.trainable_weights:
-        first, second = _replica_values(variable)
+        first, second = helpers.replica_values(variable)
         np.testing.assert_array_equal(first, second)
 
 

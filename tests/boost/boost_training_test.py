@@ -259,10 +259,6 @@ def test_backup_and_restore_resume_equals_uninterrupted(name, tmp_path):
     helpers.assert_same_training_state(resumed, reference)
 
 
-def _replica_values(variable):
-    return [np.asarray(v) for v in variable.value.values]
-
-
 @pytest.mark.multi_device
 @pytest.mark.parametrize("name", BOOSTED)
 def test_two_replicas_equal_one_device(name):
@@ -275,9 +271,9 @@ def test_two_replicas_equal_one_device(name):
     helpers.assert_all_close(
         helpers.weights_of(mirrored), helpers.weights_of(single), atol=1e-6
     )
-    for variable in mirrored.optimizer.variables + mirrored.weights:
-        first, second = _replica_values(variable)
-        np.testing.assert_array_equal(first, second)
+    helpers.assert_replicas_identical(
+        mirrored.optimizer.variables + mirrored.weights
+    )
 
 
 def test_keras_own_training_step_refuses_freezing_and_accumulation():

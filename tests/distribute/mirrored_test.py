@@ -52,11 +52,6 @@ def _train(make_optimizer, strategy=None, callbacks=()):
     return model, _fit(model, callbacks=callbacks)
 
 
-def _replica_values(variable):
-    values = variable.value
-    return [np.asarray(v) for v in values.values]
-
-
 @pytest.mark.parametrize("replicas", [2, 4])
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_replicas_equal_one_device(name, replicas, fusion_mode):
@@ -77,10 +72,9 @@ def test_replicas_equal_one_device(name, replicas, fusion_mode):
         helpers.optimizer_state(single.optimizer),
         atol=1e-6,
     )
-    for variable in mirrored.optimizer.variables + mirrored.weights:
-        first, *others = _replica_values(variable)
-        for other in others:
-            np.testing.assert_array_equal(other, first)
+    helpers.assert_replicas_identical(
+        mirrored.optimizer.variables + mirrored.weights
+    )
 
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
@@ -109,10 +103,7 @@ def test_averaged_weights_swap_under_strategy():
         rtol=1e-5,
     )
     with mirrored.optimizer.use_averaged_weights():
-        for variable in mirrored.trainable_variables:
-            first, *others = _replica_values(variable)
-            for other in others:
-                np.testing.assert_array_equal(other, first)
+        helpers.assert_replicas_identical(mirrored.trainable_variables)
         averaged = helpers.weights_of(mirrored)
     helpers.assert_all_close(
         averaged,

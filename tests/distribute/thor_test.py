@@ -62,13 +62,6 @@ def _fit(model, epochs=2, callbacks=()):
     )
 
 
-def _assert_replicas_identical(model):
-    for variable in model.optimizer.variables + model.weights:
-        first, *others = [np.asarray(v) for v in variable.value.values]
-        for other in others:
-            np.testing.assert_array_equal(other, first)
-
-
 @pytest.mark.parametrize(
     "replicas, thor_args",
     [
@@ -89,7 +82,9 @@ def test_replicas_equal_one_device(replicas, thor_args):
         rtol=1e-5,
     )
     helpers.assert_same_training_state(mirrored, single, atol=1e-5)
-    _assert_replicas_identical(mirrored)
+    helpers.assert_replicas_identical(
+        mirrored.optimizer.variables + mirrored.weights
+    )
 
 
 def test_clipping_runs_on_the_reduced_gradient():
@@ -160,7 +155,9 @@ def test_backup_and_restore_resumes_as_uninterrupted(tmp_path):
     )
     assert int(resumed.optimizer.iterations.numpy()) == 3 * STEPS_PER_EPOCH
     helpers.assert_same_training_state(resumed, reference, atol=1e-6)
-    _assert_replicas_identical(resumed)
+    helpers.assert_replicas_identical(
+        resumed.optimizer.variables + resumed.weights
+    )
 
 
 def test_spread_inverses_with_a_replica_id_known_only_at_run_time(
@@ -192,4 +189,6 @@ def test_spread_inverses_with_a_replica_id_known_only_at_run_time(
     # Each replica now holds every layer's inversion, inside a `cond`.
     assert conds(mirrored) > conds(static)
     helpers.assert_same_training_state(mirrored, single, atol=1e-5)
-    _assert_replicas_identical(mirrored)
+    helpers.assert_replicas_identical(
+        mirrored.optimizer.variables + mirrored.weights
+    )

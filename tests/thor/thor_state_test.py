@@ -163,10 +163,6 @@ def _strategy(replicas):
     return helpers.mirrored_strategy(replicas)
 
 
-def _replica_values(variable):
-    return [np.asarray(v) for v in variable.value.values]
-
-
 @pytest.mark.multi_device
 def test_two_replicas_equal_one_device():
     single = _model()
@@ -187,10 +183,9 @@ def test_two_replicas_equal_one_device():
         atol=1e-5,
         rtol=1e-5,
     )
-    for variable in mirrored.optimizer.variables + mirrored.weights:
-        first, *others = _replica_values(variable)
-        for other in others:
-            np.testing.assert_array_equal(other, first)
+    helpers.assert_replicas_identical(
+        mirrored.optimizer.variables + mirrored.weights
+    )
 
 
 def _conv_model(strategy=None):

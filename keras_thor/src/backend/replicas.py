@@ -6,7 +6,7 @@ single-device operation.
 
 import keras
 
-from keras_thor.src.optimizers.finite import is_finite
+from keras_thor.src.optimizers.finite import all_finite
 
 
 def _replica_context():
@@ -104,13 +104,9 @@ def use_local_gradients(optimizer):
 def finite_on_all_replicas(grads):
     """Whether every replica's `grads` (`None` entries skipped) are finite:
     a scalar boolean, equal on every replica (one scalar all-reduce)."""
-    present = [g for g in grads if g is not None]
-    finite = [is_finite(_dense_values(g)) for g in present]
-    if not finite:
-        return keras.ops.convert_to_tensor(True)
+    present = [_dense_values(g) for g in grads if g is not None]
     troubles = keras.ops.cast(
-        keras.ops.logical_not(keras.ops.all(keras.ops.stack(finite))),
-        "float32",
+        keras.ops.logical_not(all_finite(present)), "float32"
     )
     return all_reduce_sum([troubles])[0] == 0
 

@@ -8,7 +8,7 @@ from keras_thor.src.backend import replicas
 from keras_thor.src.boost.adasum import AdaSum
 from keras_thor.src.boost.adasum import adasum_tree
 from keras_thor.src.boost.centralization import centralize_gradient
-from keras_thor.src.optimizers.finite import is_finite
+from keras_thor.src.optimizers.finite import all_finite
 from keras_thor.src.utils.validation import check_int
 
 
@@ -254,7 +254,7 @@ class BoostOptimizer(keras.optimizers.Optimizer):
         reduced = replicas.all_reduce_sum(
             [ops.cast(g, "float32") for g, _ in present]
         )
-        finite = _all_finite(reduced)
+        finite = all_finite(reduced)
         scale = (
             ops.cast(self.inner_optimizer.dynamic_scale, "float32")
             if loss_scaled
@@ -373,11 +373,6 @@ class BoostOptimizer(keras.optimizers.Optimizer):
                 config[key], custom_objects=custom_objects
             )
         return cls(**config)
-
-
-def _all_finite(tensors):
-    finite = [is_finite(t) for t in tensors]
-    return ops.all(ops.stack(finite)) if finite else ops.convert_to_tensor(True)
 
 
 def GradientAccumulation(max_accumulation_step, optimizer):

@@ -1,16 +1,9 @@
 """Refreshing one layer's stored inverses from fresh factors."""
 
-import functools
-
 from keras import ops
 
 from keras_thor.src.curvature.block_inverse import damped_block_inverse
-from keras_thor.src.optimizers.finite import is_finite
-
-
-def _all_finite(*tensors):
-    flags = [is_finite(t) for t in tensors]
-    return functools.reduce(ops.logical_and, flags)
+from keras_thor.src.optimizers.finite import all_finite
 
 
 def factor_inverses(
@@ -47,7 +40,7 @@ def factor_inverses(
     g_inverse, g_fell_back = damped_block_inverse(
         factor_scale * g, root, split_dim
     )
-    usable = _all_finite(a, g, a_inverse, g_inverse)
+    usable = all_finite([a, g, a_inverse, g_inverse])
     trouble = ops.logical_or(
         ops.logical_not(usable), ops.logical_or(a_fell_back, g_fell_back)
     )

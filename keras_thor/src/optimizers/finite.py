@@ -8,6 +8,15 @@ def is_finite(tensor):
     return ops.all(ops.isfinite(tensor))
 
 
+def all_finite(tensors):
+    """A scalar boolean: `True` when every entry of every tensor is finite
+    (`True` for no tensors)."""
+    flags = [is_finite(t) for t in tensors]
+    if not flags:
+        return ops.convert_to_tensor(True)
+    return ops.all(ops.stack(flags))
+
+
 def if_finite(finite, updated, unchanged):
     """`updated()` when `finite`, else `unchanged()`, without side effects.
 
