@@ -27,12 +27,6 @@ def thor_optimizer_of(optimizer):
     return optimizer if isinstance(optimizer, THOR) else None
 
 
-def _replicas():
-    import tensorflow as tf
-
-    return tf.distribute.get_strategy().num_replicas_in_sync
-
-
 def _examples(x):
     import tensorflow as tf
 
@@ -48,8 +42,6 @@ def curvature_statistics(thor, calls, output_grads, sample_scale):
     one collective per bucket of `thor.thor_layer_buckets()`, then divided
     by the global row count. Several calls of one layer pool their rows.
     """
-    import tensorflow as tf
-
     sums = {}
     for call, output_grad in zip(calls, output_grads):
         if output_grad is None:
@@ -67,15 +59,14 @@ def curvature_statistics(thor, calls, output_grads, sample_scale):
             rows = rows + previous[2]
         sums[index] = (a_sum, g_sum, rows, factor_scale)
 
-    context = tf.distribute.get_replica_context()
     statistics = {}
     for bucket in thor.thor_layer_buckets():
         present = [index for index in bucket if index in sums]
         if not present:
             continue
-        flat = [tensor for index in present for tensor in sums[index][:3]]
-        if _replicas() > 1:
-            flat = context.all_reduce("SUM", flat)
+        flat = replicas.all_reduce_sum(
+            [tensor for index in present for tensor in sums[index][:3]]
+        )
         for position, index in enumerate(present):
             a_sum, g_sum, rows = flat[3 * position : 3 * position + 3]
             statistics[index] = (a_sum / rows, g_sum / rows, sums[index][3])
@@ -157,7 +148,7 @@ def scaled_training_loss(model, x, y, y_pred, sample_weight):
         x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
     )
     model._loss_tracker.update_state(
-        loss * _replicas(), sample_weight=_examples(x)
+        loss * replicas.replica_count(), sample_weight=_examples(x)
     )
     if model.optimizer is None:
         return loss
@@ -216,9 +207,8 @@ def train_step(model, data, refresh):
     )
     if refresh:
         loss_scale = ops.cast(model.optimizer.scale_loss(1.0), "float32")
-        sample_scale = (
-            ops.cast(_examples(x) * _replicas(), "float32") / loss_scale
-        )
+        examples = _examples(x) * replicas.replica_count()
+        sample_scale = ops.cast(examples, "float32") / loss_scale
         thor.refresh_curvature(
             curvature_statistics(thor, calls, output_grads, sample_scale)
         )
