@@ -406,7 +406,7 @@ def plot(all_results, path):
             )
         axis.set_yscale("log")
         axis.set_xlabel("training seconds")
-        axis.set_ylabel("training loss")
+        axis.set_ylabel("training loss (mean so far this epoch)")
         axis.set_title(
             f"{model_name}: best of each (first seed), to {setup['target']}"
         )
