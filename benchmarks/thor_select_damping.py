@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from thor_time_to_accuracy import SETUPS  # noqa: E402
 from thor_time_to_accuracy import decay_name  # noqa: E402
 from thor_time_to_accuracy import digits  # noqa: E402
+from thor_time_to_accuracy import grid_points  # noqa: E402
 from thor_time_to_accuracy import run  # noqa: E402
 
 DAMPINGS = (0.01, 0.03, 0.1, 0.3)
@@ -34,9 +35,7 @@ def select(model_name, seed=0):
         f"\n{model_name}, seed {seed}: epochs to {setup['target']} per "
         "(learning rate, decay)"
     )
-    points = list(
-        itertools.product(setup["grids"]["THOR"], setup["decay_epochs"])
-    )
+    points = grid_points(setup, "THOR")
     results = []
     for damping, frequency in itertools.product(DAMPINGS, FREQUENCIES):
         setup.update(damping=damping, frequency=frequency)

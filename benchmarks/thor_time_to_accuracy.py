@@ -136,6 +136,11 @@ SETUPS = {
 }
 
 
+def grid_points(setup, name):
+    """`name`'s grid: (learning rate, decay epochs) pairs."""
+    return list(itertools.product(setup["grids"][name], setup["decay_epochs"]))
+
+
 def learning_rate_schedule(learning_rate, decay_epochs, steps_per_epoch):
     """A constant rate, or a cosine decay to a fifth over `decay_epochs`."""
     if decay_epochs is None:
@@ -324,11 +329,8 @@ def best(runs):
 def benchmark(model_name, seeds):
     setup = SETUPS[model_name]
     results = {
-        name: {
-            point: []
-            for point in itertools.product(grid, setup["decay_epochs"])
-        }
-        for name, grid in setup["grids"].items()
+        name: {point: [] for point in grid_points(setup, name)}
+        for name in setup["grids"]
     }
     for seed in seeds:
         data = digits(seed, setup["images"])
