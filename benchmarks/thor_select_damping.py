@@ -1,11 +1,11 @@
-"""How THOR's damping and frequency for benchmark 1 were chosen.
+"""How THOR's damping, frequency and momentum for benchmark 1 were chosen.
 
 For each model of `thor_time_to_accuracy.py`, THOR runs on seed 0 only over
-damping {0.01, 0.03, 0.1, 0.3} x frequency {2, 5, 10} x its grid (learning
-rates x the model's decay horizons); the (damping, frequency) whose best
-grid point reaches the target in the fewest epochs (then least time) is the
-one benchmark 1 uses. Seeds 1 and 2 are not looked at, so they test the
-choice.
+damping {0.01, 0.03, 0.1, 0.3} x frequency {2, 5, 10} x momentum (heavy
+ball or Nesterov) x its grid (learning rates x the model's decay horizons);
+the (damping, frequency, momentum) whose best grid point reaches the target
+in the fewest epochs (then least time) is the one benchmark 1 uses. Seeds 1
+and 2 are not looked at, so they test the choice.
 
     python benchmarks/thor_select_damping.py [--models mlp cnn]
 """
@@ -26,6 +26,7 @@ from thor_time_to_accuracy import run  # noqa: E402
 
 DAMPINGS = (0.01, 0.03, 0.1, 0.3)
 FREQUENCIES = (2, 5, 10)
+NESTEROV = (False, True)
 
 
 def select(model_name, seed=0):
@@ -37,8 +38,12 @@ def select(model_name, seed=0):
     )
     points = grid_points(setup, "THOR")
     results = []
-    for damping, frequency in itertools.product(DAMPINGS, FREQUENCIES):
-        setup.update(damping=damping, frequency=frequency)
+    for damping, frequency, nesterov in itertools.product(
+        DAMPINGS, FREQUENCIES, NESTEROV
+    ):
+        setup.update(
+            damping=damping, frequency=frequency, use_nesterov=nesterov
+        )
         reached = {
             point: run(setup, "THOR", point, seed, data).reached()
             for point in points
@@ -47,12 +52,17 @@ def select(model_name, seed=0):
             f"{lr:g} {decay_name(decay)}: {f'{r[0]:.3g}' if r else '-'}"
             for (lr, decay), r in reached.items()
         )
-        print(f"  damping {damping:<5g} frequency {frequency:<3} {cells}")
-        results += [(r, damping, frequency) for r in reached.values() if r]
-    (epochs, seconds), damping, frequency = min(results)
+        print(
+            f"  damping {damping:<5g} frequency {frequency:<3} "
+            f"nesterov {nesterov!s:<5} {cells}"
+        )
+        results += [
+            (r, damping, frequency, nesterov) for r in reached.values() if r
+        ]
+    (epochs, seconds), damping, frequency, nesterov = min(results)
     print(
-        f"  chosen: damping {damping}, frequency {frequency} "
-        f"({epochs:.3g} epochs, {seconds:.2f} s)"
+        f"  chosen: damping {damping}, frequency {frequency}, nesterov "
+        f"{nesterov} ({epochs:.3g} epochs, {seconds:.2f} s)"
     )
 
 

@@ -2,8 +2,9 @@
 
 Benchmark 1 of docs/benchmarks.md. Two models on scikit-learn's bundled
 digits (nothing is downloaded), the same data split, batch, seed and initial
-weights for every optimizer: (a) an MLP on the 64 pixels, (b) a small
-ResNet-style CNN on the images upsampled to 16x16. Each optimizer runs over
+weights for every optimizer (SGD both with heavy-ball and with Nesterov
+momentum): (a) an MLP on the 64 pixels, (b) a small ResNet-style CNN on
+the images upsampled to 16x16. Each optimizer runs over
 the same kind of grid, for every seed (the seed also picks the data split):
 its own learning rates x the model's decay horizons (a constant rate, or a
 cosine decay to a fifth over 3 or 6 epochs). A run stops when its test
@@ -100,7 +101,7 @@ def resnet():
 EVALUATIONS = 8
 DECAY_TO = 0.2
 
-# THOR's damping and frequency per model: picked on seed 0 by
+# THOR's damping, frequency and momentum kind per model: picked on seed 0 by
 # benchmarks/thor_select_damping.py (docs/benchmarks.md).
 SETUPS = {
     "mlp": dict(
@@ -111,12 +112,14 @@ SETUPS = {
         max_epochs=30,
         grids={
             "SGD momentum 0.9": [0.1, 0.3, 1.0],
+            "SGD Nesterov 0.9": [0.1, 0.3, 1.0],
             "Adam": [1e-2, 3e-2, 1e-1],
             "THOR": [0.03, 0.1, 0.3],
         },
         decay_epochs=(None,),
         damping=0.01,
-        frequency=5,
+        frequency=2,
+        use_nesterov=True,
     ),
     "cnn": dict(
         build=resnet,
@@ -126,12 +129,14 @@ SETUPS = {
         max_epochs=15,
         grids={
             "SGD momentum 0.9": [0.1, 0.3, 1.0],
+            "SGD Nesterov 0.9": [0.1, 0.3, 1.0],
             "Adam": [3e-3, 1e-2, 3e-2],
             "THOR": [0.01, 0.03, 0.1],
         },
         decay_epochs=(None, 3, 6),
-        damping=0.03,
+        damping=0.01,
         frequency=2,
+        use_nesterov=True,
     ),
 }
 
@@ -156,11 +161,22 @@ def optimizer(name, learning_rate, setup):
             learning_rate,
             damping=setup["damping"],
             momentum=0.9,
+            use_nesterov=setup["use_nesterov"],
             frequency=setup["frequency"],
         )
     if name == "Adam":
         return keras.optimizers.Adam(learning_rate)
-    return keras.optimizers.SGD(learning_rate, momentum=0.9)
+    return keras.optimizers.SGD(
+        learning_rate, momentum=0.9, nesterov=name == "SGD Nesterov 0.9"
+    )
+
+
+def _batch_normalizations(layer):
+    """The BatchNormalization layers in `layer`, nested models included."""
+    if isinstance(layer, keras.layers.BatchNormalization):
+        yield layer
+    for sublayer in getattr(layer, "layers", ()):
+        yield from _batch_normalizations(sublayer)
 
 
 def test_accuracy(model, x_train, x_test, y_test):
@@ -173,11 +189,7 @@ def test_accuracy(model, x_train, x_test, y_test):
     the whole training set at the current weights ("precise BN"); the
     moving averages are put back afterwards, so training is unchanged.
     """
-    norms = [
-        layer
-        for layer in model._flatten_layers()
-        if isinstance(layer, keras.layers.BatchNormalization)
-    ]
+    norms = list(_batch_normalizations(model))
     moving = [v for norm in norms for v in norm.non_trainable_variables]
     saved = [keras.ops.convert_to_numpy(v) for v in moving]
     momenta = [norm.momentum for norm in norms]
