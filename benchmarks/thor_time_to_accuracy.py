@@ -4,10 +4,10 @@ Benchmark 1 of docs/benchmarks.md. Two models on scikit-learn's bundled
 digits (nothing is downloaded), the same data split, batch, seed and initial
 weights for every optimizer (SGD both with heavy-ball and with Nesterov
 momentum): (a) an MLP on the 64 pixels, (b) a small ResNet-style CNN on
-the images upsampled to 16x16. Each optimizer runs over
-the same kind of grid, for every seed (the seed also picks the data split):
-its own learning rates x the model's decay horizons (a constant rate, or a
-cosine decay to a fifth over 3 or 6 epochs). A run stops when its test
+the images upsampled to 16x16. Each optimizer runs over the same kind of
+grid, for every seed (the seed also picks the data split): its own learning
+rates x the model's decay horizons (a constant rate, or a cosine decay to a
+fifth over 3 or 6 epochs). A run stops when its test
 accuracy reaches the target; the accuracy is measured 8 times an epoch,
 outside the timed training, with BatchNormalization's statistics
 recomputed over the training set (`test_accuracy`). The best grid point of
@@ -100,6 +100,8 @@ def resnet():
 # the initial rate).
 EVALUATIONS = 8
 DECAY_TO = 0.2
+# The baseline that is Keras's SGD with Nesterov momentum.
+SGD_NESTEROV = "SGD Nesterov 0.9"
 
 # THOR's damping, frequency and momentum kind per model: picked on seed 0 by
 # benchmarks/thor_select_damping.py (docs/benchmarks.md).
@@ -112,7 +114,7 @@ SETUPS = {
         max_epochs=30,
         grids={
             "SGD momentum 0.9": [0.1, 0.3, 1.0],
-            "SGD Nesterov 0.9": [0.1, 0.3, 1.0],
+            SGD_NESTEROV: [0.1, 0.3, 1.0],
             "Adam": [1e-2, 3e-2, 1e-1],
             "THOR": [0.03, 0.1, 0.3],
         },
@@ -129,7 +131,7 @@ SETUPS = {
         max_epochs=15,
         grids={
             "SGD momentum 0.9": [0.1, 0.3, 1.0],
-            "SGD Nesterov 0.9": [0.1, 0.3, 1.0],
+            SGD_NESTEROV: [0.1, 0.3, 1.0],
             "Adam": [3e-3, 1e-2, 3e-2],
             "THOR": [0.01, 0.03, 0.1],
         },
@@ -167,7 +169,7 @@ def optimizer(name, learning_rate, setup):
     if name == "Adam":
         return keras.optimizers.Adam(learning_rate)
     return keras.optimizers.SGD(
-        learning_rate, momentum=0.9, nesterov=name == "SGD Nesterov 0.9"
+        learning_rate, momentum=0.9, nesterov=name == SGD_NESTEROV
     )
 
 
