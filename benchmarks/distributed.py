@@ -176,7 +176,12 @@ def thor_run(replicas, thor_args, data, frequency=10, rounds=16):
         model = keras_thor.convert_to_thor_model(mlp(width=512, depth=3))
         model.compile(
             optimizer=keras_thor.optimizers.THOR(
-                0.05, 0.1, 0.9, frequency=frequency, **thor_args
+                0.05,
+                0.1,
+                0.9,
+                frequency=frequency,
+                batch_size=256 // replicas,
+                **thor_args,
             ),
             loss=LOSS,
         )

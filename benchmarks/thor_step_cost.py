@@ -38,9 +38,10 @@ from thor_time_to_accuracy import SETUPS  # noqa: E402
 from thor_time_to_accuracy import digits  # noqa: E402
 
 import keras_thor  # noqa: E402
-from keras_thor.src.backend.thor_training import curvature_statistics  # noqa: E402
-from keras_thor.src.layers import capture  # noqa: E402
-from keras_thor.src.optimizers import thor_update  # noqa: E402
+from keras_thor.src.thor import capture  # noqa: E402
+from keras_thor.src.thor import update  # noqa: E402
+from keras_thor.src.thor.blocks import ConvKronecker  # noqa: E402
+from keras_thor.src.thor.training import curvature_statistics  # noqa: E402
 
 
 class StepTimer(keras.callbacks.Callback):
@@ -84,16 +85,13 @@ def _fit(model, x, y, batch, epochs, timer=None):
 
 
 def layer_costs(model, batch):
-    """Per THOR-aware layer: (name, d_in, d_out, T, flops share)."""
+    """Per curvature block: (name, d_in, d_out, T, flops share)."""
     layers = []
-    for layer in model._flatten_layers(include_self=False):
-        if not hasattr(layer, "thor_factor_dims"):
-            continue
-        d_in, d_out, _ = layer.thor_factor_dims()
+    for block in model.optimizer.curvature_blocks.values():
         positions = 1
-        if isinstance(layer, keras.layers.Conv2D):
-            positions = int(np.prod(layer.output.shape[1:3]))
-        layers.append((layer.name, d_in, d_out, positions))
+        if isinstance(block, ConvKronecker):
+            positions = int(np.prod(block.layer.output.shape[1:-1]))
+        layers.append((block.layer.name, block.a_dim, block.g_dim, positions))
     flops = [d_in * d_out * t for _, d_in, d_out, t in layers]
     total = sum(flops)
     return [(*layer, f / total) for layer, f in zip(layers, flops)], batch
@@ -149,10 +147,12 @@ def refresh_pieces(model, x, y):
             loss = LOSS(y, model(x, training=True))
         return tape.gradient(loss, variables)
 
+    blocks = thor.curvature_blocks.values()
+
     @tf.function
     def backward_and_statistics(x, y):
         with tf.GradientTape() as tape:
-            with capture.capture_layer_calls() as calls:
+            with capture.capture_calls(blocks) as calls:
                 loss = LOSS(y, model(x, training=True))
         outputs = [call.outputs for call in calls]
         grads = tape.gradient(loss, variables + outputs)
@@ -175,8 +175,8 @@ def refresh_pieces(model, x, y):
     def precondition(grads):
         damping = thor.current_damping()
         return [
-            thor_update.precondition(
-                thor._kinds[i],
+            update.precondition(
+                thor.curvature_blocks[i],
                 grads[i],
                 thor._a_inverses[i],
                 thor._g_inverses[i],
@@ -210,7 +210,11 @@ def benchmark(model_name, rounds):
 
     def thor(frequency):
         return keras_thor.optimizers.THOR(
-            0.01, setup["damping"], 0.9, frequency=frequency
+            0.01,
+            setup["damping"],
+            0.9,
+            frequency=frequency,
+            batch_size=batch,
         )
 
     # The non-refresh run is as long as the frequency-100 one, so that both

@@ -166,6 +166,7 @@ def optimizer(name, learning_rate, setup):
             momentum=0.9,
             use_nesterov=setup["use_nesterov"],
             frequency=setup["frequency"],
+            batch_size=setup["batch"],
         )
     if name == "Adam":
         return keras.optimizers.Adam(learning_rate)

@@ -8,8 +8,8 @@ positions: every sequence holds one marker `A` and one marker `B` among
 random filler tokens, and the label says whether `A` comes first. Token
 counts are the same in both classes, so a bag of words is at chance.
 
-`keras_thor.convert_to_thor_model` turns the Dense, Embedding and
-LayerNormalization layers into THOR-aware ones (as MindSpore's BERT THOR
+`keras_thor.convert_to_thor_model` gives the Dense, Embedding and
+LayerNormalization layers their curvature rules (as MindSpore's BERT THOR
 preconditions every Dense and Embedding and applies its diagonal rule to
 LayerNorm); THOR then trains with the shape of MindSpore's BERT-large THOR
 recipe: polynomial learning-rate and damping decay

@@ -6,18 +6,22 @@ from keras_thor import layers
 from keras_thor import models
 from keras_thor import optimizers
 from keras_thor import schedules
-from keras_thor.src.models.convert import convert_to_thor_model
-from keras_thor.src.optimizers.thor import THOR as thor
+from keras_thor.src.thor.convert import convert_to_thor_model
+from keras_thor.src.thor.convert import to_keras_model
+from keras_thor.src.thor.coverage import curvature_coverage
+from keras_thor.src.thor.optimizer import THOR as thor
 from keras_thor.src.version import __version__
 
 __all__ = [
     "boost",
     "callbacks",
     "convert_to_thor_model",
+    "curvature_coverage",
     "layers",
     "models",
     "optimizers",
     "schedules",
     "thor",
+    "to_keras_model",
     "__version__",
 ]

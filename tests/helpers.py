@@ -5,6 +5,8 @@ import functools
 import keras
 import numpy as np
 
+from keras_thor.src.backend.values import numpy_value
+
 
 def regression_data(samples=64, features=6, outputs=3, seed=0):
     """A fixed linear regression problem with a little noise."""
@@ -31,11 +33,11 @@ def mlp(features=6, outputs=3, hidden=8, seed=0):
 
 
 def weights_of(model):
-    return [keras.ops.convert_to_numpy(w) for w in model.weights]
+    return [numpy_value(w) for w in model.weights]
 
 
 def optimizer_state(optimizer):
-    return [keras.ops.convert_to_numpy(v) for v in optimizer.variables]
+    return [numpy_value(v) for v in optimizer.variables]
 
 
 def replica_values(variable):

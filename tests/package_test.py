@@ -8,16 +8,17 @@ import keras_thor
 PACKAGE = pathlib.Path(keras_thor.__file__).parent
 # The only modules that may import tensorflow (inside functions, lazily).
 TENSORFLOW_MODULES = {
-    "src/backend/boost_training.py",
+    "src/boost/training.py",
     "src/backend/dense.py",
     "src/backend/fusion.py",
     "src/backend/linalg.py",
     "src/backend/memory_update.py",
     "src/backend/patches.py",
-    "src/backend/replicas.py",
     "src/backend/single_device.py",
-    "src/backend/strategies.py",
-    "src/backend/thor_training.py",
+    "src/distribute/replicas.py",
+    "src/distribute/strategies.py",
+    "src/distribute/train_step.py",
+    "src/thor/training.py",
 }
 
 
@@ -52,6 +53,8 @@ def test_public_modules_export_the_optimizers_and_callbacks():
     assert keras_thor.convert_to_thor_model is (
         keras_thor.models.convert_to_thor_model
     )
+    assert keras_thor.to_keras_model is keras_thor.models.to_keras_model
+    assert keras_thor.curvature_coverage.__doc__
     assert keras_thor.callbacks.__all__ == ["SwapAveragedWeights"]
     assert keras_thor.boost.__all__ == [
         "AdaSum",
@@ -98,3 +101,79 @@ def test_docstring_templates_are_filled():
         doc = getattr(keras_thor.optimizers, name).__doc__
         assert "{{" not in doc
         assert "gradient_accumulation_steps" in doc
+
+
+# Folders of keras_thor/src from low to high: a module imports only from its
+# own folder and lower ones.
+LAYERS = [
+    {"version", "api_export", "keras_internals", "utils"},
+    {"backend"},
+    {"distribute"},
+    {"schedules"},
+    {"optimizers", "layers"},
+    {"callbacks"},
+    {"thor"},
+    {"boost"},
+]
+
+
+def _folder(module):
+    return module.removeprefix("keras_thor.src.").split(".")[0]
+
+
+def _rank(folder):
+    return next(i for i, layer in enumerate(LAYERS) if folder in layer)
+
+
+def _internal_imports():
+    """`{module: {imported keras_thor.src modules}}`, lazy imports too."""
+    graph = {}
+    for path in (PACKAGE / "src").rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        module = ".".join(p for p in parts if p != "__init__")
+        graph[module] = set()
+        for node, imported in _imports(path):
+            if not imported.startswith("keras_thor.src"):
+                continue
+            if isinstance(node, ast.ImportFrom) and imported in (
+                "keras_thor.src",
+            ):
+                graph[module] |= {f"{imported}.{a.name}" for a in node.names}
+            else:
+                graph[module].add(imported)
+    return graph
+
+
+def test_imports_run_one_way():
+    for module, imported in _internal_imports().items():
+        if module == "keras_thor.src":
+            continue
+        for target in imported:
+            assert _rank(_folder(target)) <= _rank(_folder(module)), (
+                f"{module} imports {target}"
+            )
+
+
+def test_no_import_cycles():
+    graph = _internal_imports()
+
+    def resolve(target):
+        # `from keras_thor.src.thor import capture` names a module.
+        return target if target in graph else target.rsplit(".", 1)[0]
+
+    state = {}
+
+    def visit(module, path):
+        state[module] = "open"
+        for target in sorted(graph.get(module, ())):
+            target = resolve(target)
+            if target == module or target not in graph:
+                continue
+            assert state.get(target) != "open", " -> ".join(path + [target])
+            if target not in state:
+                visit(target, path + [target])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])

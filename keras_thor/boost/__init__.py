@@ -2,12 +2,12 @@
 
 from keras_thor.src.boost.adasum import AdaSum
 from keras_thor.src.boost.auto_boost import AutoBoost
+from keras_thor.src.boost.boost_model import to_boost_model
 from keras_thor.src.boost.boost_optimizer import BoostOptimizer
 from keras_thor.src.boost.boost_optimizer import GradientAccumulation
 from keras_thor.src.boost.gradient_freeze import GradientFreeze
 from keras_thor.src.boost.less_bn import LessBN
 from keras_thor.src.boost.optimizer_process import OptimizerProcess
-from keras_thor.src.models.boost_model import to_boost_model
 
 __all__ = [
     "AdaSum",

@@ -1,11 +1,12 @@
 """Public models of keras_thor: Keras models that train with THOR."""
 
-from keras_thor.src.models.boost_model import BoostFunctional
-from keras_thor.src.models.boost_model import BoostSequential
-from keras_thor.src.models.convert import convert_to_thor_model
-from keras_thor.src.models.thor_model import ThorFunctional
-from keras_thor.src.models.thor_model import ThorModel
-from keras_thor.src.models.thor_model import ThorSequential
+from keras_thor.src.boost.boost_model import BoostFunctional
+from keras_thor.src.boost.boost_model import BoostSequential
+from keras_thor.src.thor.convert import convert_to_thor_model
+from keras_thor.src.thor.convert import to_keras_model
+from keras_thor.src.thor.model import ThorFunctional
+from keras_thor.src.thor.model import ThorModel
+from keras_thor.src.thor.model import ThorSequential
 
 __all__ = [
     "BoostFunctional",
@@ -14,4 +15,5 @@ __all__ = [
     "ThorModel",
     "ThorSequential",
     "convert_to_thor_model",
+    "to_keras_model",
 ]

@@ -226,3 +226,45 @@ def test_eval_network_is_rewritten_when_not_yet():
     boost = AutoBoost("O1")
     evaluated = boost.network_auto_process_eval(models.bottleneck_resnet())
     assert "b1_1_bn" not in [layer.name for layer in evaluated.layers]
+
+
+def test_eval_of_an_unrewritten_model_keeps_its_head_and_outputs():
+    # MindSpore evaluates with `LessBN(network)`, fn_flag False: the BNs go,
+    # the Dense head stays (fn_flag=True in the config is for training).
+    model = models.bottleneck_resnet()
+    x, _ = models.image_data()
+    expected = model.predict(x, verbose=0)
+    evaluated = AutoBoost(
+        "O1", {"less_bn": {"fn_flag": True}}
+    ).network_auto_process_eval(model)
+    assert "b1_1_bn" not in [layer.name for layer in evaluated.layers]
+    assert type(evaluated.get_layer("logits")) is keras.layers.Dense
+    # The removed BNs are untrained (moving mean 0, variance 1, gamma 1,
+    # beta 0): removing them only drops a factor 1/sqrt(1 + epsilon).
+    np.testing.assert_allclose(
+        evaluated.predict(x, verbose=0), expected, rtol=0, atol=1e-3
+    )
+    np.testing.assert_array_equal(model.predict(x, verbose=0), expected)
+
+
+def test_eval_rewrites_a_nested_model_without_changing_its_head():
+    inner = models.bottleneck_resnet()
+    inputs = keras.Input((8, 8, 3))
+    model = keras.Model(inputs, inner(inputs), name="outer")
+    evaluated = AutoBoost("O1").network_auto_process_eval(model)
+    nested = evaluated.get_layer("small_resnet")
+    assert "b1_1_bn" not in [layer.name for layer in nested.layers]
+    assert type(nested.get_layer("logits")) is keras.layers.Dense
+
+
+def test_eval_of_a_model_rewritten_for_training_keeps_its_full_norm_head():
+    boost = AutoBoost("O1")
+    model, _, _ = boost.network_auto_process_train(
+        models.bottleneck_resnet(), keras.optimizers.SGD(0.01)
+    )
+    x, _ = models.image_data()
+    expected = model.predict(x, verbose=0)
+    evaluated = boost.network_auto_process_eval(model)
+    assert evaluated is model
+    assert isinstance(evaluated.get_layer("logits"), keras_thor.layers.FullNorm)
+    np.testing.assert_array_equal(evaluated.predict(x, verbose=0), expected)

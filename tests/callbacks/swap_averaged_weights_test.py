@@ -6,6 +6,7 @@ import pytest
 
 from keras_thor.callbacks import SwapAveragedWeights
 from keras_thor.optimizers import ASGD
+from keras_thor.src.backend.values import numpy_value
 from tests import helpers
 
 
@@ -30,13 +31,13 @@ def _trained(epochs=3, callbacks=(), **optimizer_kwargs):
 def _averages(model):
     optimizer = model.optimizer
     return [
-        keras.ops.convert_to_numpy(optimizer.state_for(v)["ax"])
+        numpy_value(optimizer.state_for(v)["ax"])
         for v in model.trainable_variables
     ]
 
 
 def _trainable(model):
-    return [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
+    return [numpy_value(v) for v in model.trainable_variables]
 
 
 def test_validation_uses_averaged_weights_and_training_keeps_its_own():

@@ -3,7 +3,6 @@ at the same global batch."""
 
 import contextlib
 
-import keras
 import numpy as np
 import pytest
 
@@ -11,6 +10,7 @@ import keras_thor
 from keras_thor.callbacks import SwapAveragedWeights
 from keras_thor.optimizers import ASGD
 from keras_thor.optimizers import SAG
+from keras_thor.src.backend.values import numpy_value
 from tests import helpers
 
 pytestmark = pytest.mark.multi_device
@@ -115,7 +115,7 @@ def test_averaged_weights_swap_under_strategy():
 def _averages_as_weights(model):
     trainable = {id(v) for v in model.trainable_variables}
     return [
-        keras.ops.convert_to_numpy(
+        numpy_value(
             model.optimizer.state_for(w)["ax"] if id(w) in trainable else w
         )
         for w in model.weights

@@ -167,7 +167,7 @@ def test_spread_inverses_with_a_replica_id_known_only_at_run_time(
     # inversion is then a `cond` on it.
     import tensorflow as tf
 
-    from keras_thor.src.backend import replicas
+    from keras_thor.src.distribute import replicas
 
     static_replica_id = replicas.replica_id
 

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 import keras_thor
-from keras_thor.src.curvature import block_inverse
-from keras_thor.src.curvature import statistics
+from keras_thor.src.thor import block_inverse
+from keras_thor.src.thor import conv_statistics
+from keras_thor.src.thor import statistics
 from tests.thor import reference
 
 
@@ -28,7 +29,7 @@ def test_damped_block_inverse_matches_the_reference(dim, split_dim):
     rng = np.random.default_rng(dim)
     factor = _spd(rng, dim)
     blocks, fell_back = block_inverse.damped_block_inverse(
-        factor, 0.01, split_dim
+        factor[None], 0.01, split_dim
     )
     assert not bool(fell_back)
     blocks = keras.ops.convert_to_numpy(blocks)
@@ -50,7 +51,7 @@ def test_damped_block_inverse_matches_the_reference(dim, split_dim):
 
 def test_padded_block_is_identity_beyond_the_factor():
     blocks, _ = block_inverse.damped_block_inverse(
-        np.eye(5, dtype="float32"), 1.0, 3
+        np.eye(5, dtype="float32")[None], 1.0, 3
     )
     np.testing.assert_allclose(blocks[1][2:, 2:], [[1.0]])
     np.testing.assert_allclose(blocks[1][:2, :2], np.eye(2) / 2.0)
@@ -60,18 +61,18 @@ def test_padded_block_is_identity_beyond_the_factor():
 def test_block_products_equal_dense_products(dim, split_dim):
     rng = np.random.default_rng(1)
     blocks, _ = block_inverse.damped_block_inverse(
-        _spd(rng, dim), 0.1, split_dim
+        _spd(rng, dim)[None], 0.1, split_dim
     )
     dense = _dense_block_diagonal(keras.ops.convert_to_numpy(blocks), dim)
     matrix = rng.normal(size=(dim, 3)).astype("float32")
     np.testing.assert_allclose(
-        block_inverse.multiply_left(blocks, matrix),
+        block_inverse.multiply_left(blocks, matrix[None])[0],
         dense @ matrix,
         rtol=1e-5,
         atol=1e-6,
     )
     np.testing.assert_allclose(
-        block_inverse.multiply_right(matrix.T, blocks),
+        block_inverse.multiply_right(matrix.T[None], blocks)[0],
         matrix.T @ dense,
         rtol=1e-5,
         atol=1e-6,
@@ -110,7 +111,10 @@ def test_conv_factors_equal_brute_force_patch_statistics(options):
     conv = keras.layers.Conv2D(4, **options)
     z = keras.ops.convert_to_numpy(conv(x))
     d = rng.normal(size=z.shape).astype("float32")
-    a_sum, g_sum, rows = statistics.conv2d_statistics(x, d, **options)
+    a_sums, g_sums, rows = conv_statistics.grouped_conv_statistics(
+        x, d, groups=1, **options
+    )
+    a_sum, g_sum = a_sums[0], g_sums[0]
     patches, (ho, wo) = reference.im2col(
         x.astype("float64"),
         options["kernel_size"],
@@ -158,7 +162,7 @@ def test_one_step_lands_on_the_least_squares_solution():
     model = keras_thor.models.ThorSequential(
         [
             keras.Input((4,)),
-            keras_thor.layers.ThorDense(1, use_bias=False, name="linear"),
+            keras.layers.Dense(1, use_bias=False, name="linear"),
         ]
     )
     kernel = keras.ops.convert_to_numpy(model.layers[0].kernel)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from keras_thor.src.curvature.inverse_placement import inverse_owners
-from keras_thor.src.curvature.inverse_placement import inversion_cost
+from keras_thor.src.thor.inverse_placement import inverse_owners
+from keras_thor.src.thor.inverse_placement import inversion_cost
 
 
 def test_inversion_cost_counts_cubed_blocks_and_diagonals():

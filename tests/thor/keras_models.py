@@ -16,14 +16,14 @@ _WEIGHT_NAMES = {
 def _layer(spec, index):
     kind, name = spec["type"], f"layer{index}"
     if kind == "dense":
-        return keras_thor.layers.ThorDense(
+        return keras.layers.Dense(
             spec["units"],
             activation=spec.get("activation", "linear"),
             use_bias=spec.get("use_bias", True),
             name=name,
         )
     if kind == "conv2d":
-        return keras_thor.layers.ThorConv2D(
+        return keras.layers.Conv2D(
             spec["filters"],
             spec["kernel_size"],
             strides=spec.get("strides", (1, 1)),
@@ -34,11 +34,11 @@ def _layer(spec, index):
             name=name,
         )
     if kind == "embedding":
-        return keras_thor.layers.ThorEmbedding(
+        return keras.layers.Embedding(
             spec["input_dim"], spec["output_dim"], name=name
         )
     if kind == "layer_norm":
-        return keras_thor.layers.ThorLayerNormalization(
+        return keras.layers.LayerNormalization(
             epsilon=spec.get("epsilon", 1e-3), name=name
         )
     return {

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import keras_thor
-from keras_thor.src.layers import thor_dense
+from keras_thor.src.thor import blocks
 from tests import helpers
 
 pytestmark = pytest.mark.tf_only
@@ -65,16 +65,23 @@ def test_convert_sequential_keeps_weights_names_and_outputs():
         ],
         name="small",
     )
-    converted = keras_thor.convert_to_thor_model(base)
+    with pytest.warns(UserWarning, match=r"1 BatchNormalization \(8 p"):
+        converted = keras_thor.convert_to_thor_model(base)
     assert isinstance(converted, keras_thor.models.ThorSequential)
     assert converted.name == "small"
     assert [type(layer).__name__ for layer in converted.layers] == [
-        "ThorConv2D",
+        "Conv2D",
         "BatchNormalization",
         "Conv2D",
         "Flatten",
-        "ThorDense",
+        "Dense",
     ]
+    rules = [
+        row.rule for row in keras_thor.curvature_coverage(converted).layers
+    ]
+    assert rules[0] == rules[2] == "ConvKronecker"
+    assert rules[1].startswith("first-order: MindSpore's rule")
+    assert rules[3] == "DenseKronecker"
     assert [layer.name for layer in converted.layers] == [
         layer.name for layer in base.layers
     ]
@@ -101,12 +108,17 @@ def test_convert_functional_with_a_nested_model_and_shared_layer():
     base = keras.Model(inputs, outputs, name="encoder")
     converted = keras_thor.convert_to_thor_model(base)
     assert isinstance(converted, keras_thor.models.ThorFunctional)
-    kinds = {layer.name: type(layer).__name__ for layer in converted.layers}
-    assert kinds["embed"] == "ThorEmbedding"
-    assert kinds["norm"] == "ThorLayerNormalization"
-    assert kinds["shared"] == "ThorDense"
-    nested = converted.get_layer("inner")
-    assert type(nested.get_layer("inner_dense")).__name__ == "ThorDense"
+    rules = {
+        row.name: row.rule
+        for row in keras_thor.curvature_coverage(converted).layers
+    }
+    assert rules == {
+        "embed": "EmbeddingKronecker",
+        "norm": "NormalizationDiagonal",
+        "shared": "DenseKronecker",
+        "inner_dense": "DenseKronecker",
+        "head": "DenseKronecker",
+    }
     x = np.random.default_rng(0).integers(0, 20, (4, 5)).astype("int32")
     np.testing.assert_allclose(converted(x), base(x), rtol=1e-6, atol=1e-6)
 
@@ -117,20 +129,23 @@ def test_convert_functional_with_a_nested_model_and_shared_layer():
     y = np.array([0, 1, 1, 0])
     converted.fit(x, y, epochs=2, verbose=0)
     optimizer = converted.optimizer
-    assert len(optimizer._thor_kernel_indices) == 4
+    assert len(optimizer.curvature_blocks) == 4
     assert optimizer.curvature_troubles == 0
     assert all(np.isfinite(w).all() for w in helpers.weights_of(converted))
 
 
-def test_convert_resnet50_swaps_every_convolution_and_the_head():
+def test_convert_resnet50_preconditions_every_convolution_and_the_head():
     base = keras.applications.ResNet50(
         weights=None, input_shape=(32, 32, 3), classes=10
     )
-    converted = keras_thor.convert_to_thor_model(base)
-    names = [type(layer).__name__ for layer in converted.layers]
-    assert names.count("ThorConv2D") == 53
-    assert names.count("ThorDense") == 1
-    assert "Conv2D" not in names and "Dense" not in names
+    with pytest.warns(UserWarning, match="53 BatchNormalization"):
+        converted = keras_thor.convert_to_thor_model(base)
+    rules = [
+        row.rule for row in keras_thor.curvature_coverage(converted).layers
+    ]
+    assert rules.count("ConvKronecker") == 53
+    assert rules.count("DenseKronecker") == 1
+    assert len(rules) == 107  # and 53 BatchNormalization layers
     assert len(converted.weights) == len(base.weights)
     x = np.random.default_rng(0).normal(size=(2, 32, 32, 3)).astype("float32")
     np.testing.assert_allclose(
@@ -176,8 +191,8 @@ def test_subclassed_thor_model_trains():
     class Classifier(keras_thor.models.ThorModel):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
-            self.hidden = keras_thor.layers.ThorDense(16, activation="relu")
-            self.logits = keras_thor.layers.ThorDense(4)
+            self.hidden = keras.layers.Dense(16, activation="relu")
+            self.logits = keras.layers.Dense(4)
 
         def call(self, x):
             return self.logits(self.hidden(x))
@@ -190,7 +205,7 @@ def test_subclassed_thor_model_trains():
     )
     history = _fit(model, epochs=3)
     assert history.history["loss"][-1] < history.history["loss"][0]
-    assert len(model.optimizer._thor_kernel_indices) == 2
+    assert len(model.optimizer.curvature_blocks) == 2
 
 
 def test_thor_model_with_another_optimizer_trains_as_keras():
@@ -216,14 +231,14 @@ def _count_refresh_steps(monkeypatch, model):
     """Counts dense statistics, and sums the steps they were computed at."""
     counter = keras.Variable(0, dtype="int32", trainable=False)
     steps = keras.Variable(0, dtype="int64", trainable=False)
-    original = thor_dense.dense_statistics
+    original = blocks.dense_statistics
 
     def counted(inputs, sample_output_grads):
         counter.assign_add(1)
         steps.assign_add(model.optimizer.iterations)
         return original(inputs, sample_output_grads)
 
-    monkeypatch.setattr(thor_dense, "dense_statistics", counted)
+    monkeypatch.setattr(blocks, "dense_statistics", counted)
     return counter, steps
 
 
@@ -364,7 +379,7 @@ def test_an_overridden_train_step_is_never_silently_replaced():
     class Custom(keras_thor.models.ThorModel):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
-            self.dense = keras_thor.layers.ThorDense(4)
+            self.dense = keras.layers.Dense(4)
             self.calls = keras.Variable(0, trainable=False)
 
         def call(self, x):
@@ -436,7 +451,7 @@ def test_non_finite_batches_leave_weights_and_inverses_finite():
 
 
 def test_round_off_indefinite_factor_falls_back_to_more_damping():
-    from keras_thor.src.curvature.factor_inverses import factor_inverses
+    from keras_thor.src.thor.factor_inverses import factor_inverses
 
     # A Gram matrix is positive semi-definite; round-off can push an
     # eigenvalue below zero, which tiny damping does not repair.
@@ -444,7 +459,7 @@ def test_round_off_indefinite_factor_falls_back_to_more_damping():
     previous = np.eye(3, dtype="float32")[None] * 7.0
     eye = np.eye(3, dtype="float32")
     a_inverse, g_inverse, trouble = factor_inverses(
-        nearly, eye, 1.0, False, 1e-12, 128, previous, previous
+        nearly[None], eye[None], 1.0, False, 1e-12, 128, previous, previous
     )
     assert bool(trouble)
     shift = 1e-6 + np.mean(np.diag(nearly))
@@ -454,7 +469,7 @@ def test_round_off_indefinite_factor_falls_back_to_more_damping():
 
     indefinite = np.diag([1.0, -5.0, 2.0]).astype("float32")
     a_inverse, g_inverse, trouble = factor_inverses(
-        indefinite, eye, 1.0, False, 1e-12, 128, previous, previous
+        indefinite[None], eye[None], 1.0, False, 1e-12, 128, previous, previous
     )
     assert bool(trouble)
     np.testing.assert_array_equal(a_inverse, previous)

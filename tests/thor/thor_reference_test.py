@@ -217,29 +217,21 @@ WIDE = [
 
 
 @pytest.mark.parametrize("batch_size", [4, 5], ids=["both", "first"])
-def test_factored_order_equals_the_reference(batch_size, monkeypatch):
+def test_factored_order_equals_the_reference(batch_size):
     """Wide layers, small batches: the factored order is cheaper.
 
     At batch 4 both kernels take `(A⁻¹Xᵀ)(D·G⁻¹)`, at batch 5 only the
     first (6 -> 32); the weights still follow the reference step by step.
     """
-    from keras_thor.src.layers import thor_dense
-
-    chosen = []
-    original = thor_dense.ThorDense.thor_prefers_factored
-
-    def record(layer, inputs, batch):
-        chosen.append((layer.name, original(layer, inputs, batch)))
-        return chosen[-1][1]
-
-    monkeypatch.setattr(thor_dense.ThorDense, "thor_prefers_factored", record)
     rng = np.random.default_rng(3)
     x = rng.normal(size=(40, 6)).astype("float32")
     y = rng.integers(0, 5, 40)
     model = keras_models.keras_model(WIDE, (6,))
     start = keras_models.reference_weights(model, WIDE)
     model.compile(
-        optimizer=keras_thor.optimizers.THOR(**HYPER, split_dim=16),
+        optimizer=keras_thor.optimizers.THOR(
+            **HYPER, split_dim=16, batch_size=batch_size
+        ),
         loss=keras_models.loss_object("ce"),
     )
     actual = _recorded_fit(model, WIDE, x, y, batch_size=batch_size)
@@ -251,7 +243,8 @@ def test_factored_order_equals_the_reference(batch_size, monkeypatch):
         split_dim=16,
         **HYPER,
     )
-    factored = {name for name, is_factored in chosen if is_factored}
+    blocks = model.optimizer.curvature_blocks
+    factored = {blocks[i].layer.name for i in model.optimizer.factored_kernels}
     assert factored == ({"layer0", "layer1"} if batch_size == 4 else {"layer0"})
     for a, e in zip(actual, expected):
         assert keras_models.relative_error(a, keras_models.flat(e)) < 1e-4

@@ -13,7 +13,6 @@ BAD_ARGUMENTS = [
     ("loss_scale", -1.0, ValueError, "`loss_scale` must be >= 0.0"),
     ("weight_decay", "0.1", TypeError, "`weight_decay` must be a float"),
     ("weight_decay", -1e-4, ValueError, "`weight_decay` must be >= 0.0"),
-    ("momentum", 1, TypeError, "`momentum` must be a float"),
     ("momentum", True, TypeError, "`momentum` must be a float"),
     ("momentum", -0.1, ValueError, "`momentum` must be >= 0.0"),
     ("frequency", 1, ValueError, "`frequency` must be an integer >= 2"),
@@ -22,7 +21,7 @@ BAD_ARGUMENTS = [
     ("use_nesterov", 1, TypeError, "`use_nesterov` must be a boolean"),
     ("enable_clip_grad", "yes", TypeError, "`enable_clip_grad` must be"),
     ("damping", 0.0, ValueError, "`damping` must be > 0"),
-    ("damping", -0.1, ValueError, "`damping` must be >= 0.0"),
+    ("damping", -0.1, ValueError, r"`damping` must be > 0. Received: dampi"),
     ("damping", [0.1, 0.0], ValueError, r"`damping` must be finite and > 0"),
     ("damping", np.zeros((2, 2)), ValueError, "non-empty 1-D array"),
     ("learning_rate", [], ValueError, "non-empty 1-D array"),
@@ -59,10 +58,19 @@ def test_loss_scale_and_loss_scale_factor_conflict():
         THOR(**GOOD, loss_scale=8.0, loss_scale_factor=4.0)
 
 
-def test_int_loss_scale_and_weight_decay_are_converted():
-    optimizer = THOR(**GOOD, loss_scale=128, weight_decay=0)
+def test_int_loss_scale_weight_decay_and_momentum_are_converted():
+    optimizer = THOR(**{**GOOD, "momentum": 0}, loss_scale=128, weight_decay=0)
     assert optimizer.loss_scale == 128.0
     assert isinstance(optimizer.weight_decay, float)
+    assert optimizer.momentum == 0.0 and isinstance(optimizer.momentum, float)
+
+
+def test_a_model_as_first_argument_points_to_convert_to_thor_model():
+    import keras
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    with pytest.raises(TypeError, match="convert_to_thor_model"):
+        THOR(model, 0.1, 0.9)
 
 
 def test_split_indices_beyond_the_layers_fail_at_build():
@@ -74,7 +82,9 @@ def test_split_indices_beyond_the_layers_fail_at_build():
         keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     )
     optimizer = THOR(**GOOD, split_indices=[0, 1])
-    with pytest.raises(ValueError, match="must index one of the 1 THOR"):
+    with pytest.raises(
+        ValueError, match="must index one of the 1 layers with curvature"
+    ):
         optimizer.build(model.trainable_variables)
 
 

@@ -1,4 +1,4 @@
-"""im2col: the input patches a 2-D convolution multiplies by its kernel."""
+"""im2col: the patches a 1-, 2- or 3-D convolution multiplies by its kernel."""
 
 import keras
 from keras import ops
@@ -31,4 +31,85 @@ def image_patches(images, kernel_size, strides, dilation_rate, padding):
         dilation_rate=dilation_rate,
         padding=padding,
         data_format="channels_last",
+    )
+
+
+def conv_patches(inputs, kernel_size, strides, dilation_rate, padding):
+    """Patches of channels-last `inputs` `(N, *spatial, C)`, 1-, 2- or 3-D.
+
+    Returns `(N, *out_spatial, K·C)`: one patch per output position of
+    `keras.layers.Conv{r}D` with the same options, flattened in
+    `(k_1, ..., k_r, C)` order (a Keras kernel `(k_1, ..., k_r, C, C_out)`
+    reshaped to `(K·C, C_out)`).
+
+    Notation:
+        - `r = len(kernel_size)`, `K = k_1 ··· k_r`.
+        - `padding`: `"valid"`, `"same"` (TensorFlow's, the extra pad after)
+          or, for `r = 1`, `"causal"` (`d·(k-1)` zeros before, then valid).
+
+    Every rank goes through `image_patches`: 1-D as an image of height 1;
+    3-D as `(k_2, k_3)` patches of each depth slice, then `(k_1, 1)` patches
+    of those along depth (padding is per axis, so this is exact).
+    """
+    rank = len(kernel_size)
+    kernel_size, strides = tuple(kernel_size), tuple(strides)
+    dilation_rate = tuple(dilation_rate)
+    if padding == "causal":
+        if rank != 1:
+            raise ValueError("`padding='causal'` is only for 1-D convolutions")
+        before = dilation_rate[0] * (kernel_size[0] - 1)
+        inputs = ops.pad(inputs, ((0, 0), (before, 0), (0, 0)))
+        padding = "valid"
+    if rank == 1:
+        patches = image_patches(
+            ops.expand_dims(inputs, 1),
+            (1, *kernel_size),
+            (1, *strides),
+            (1, *dilation_rate),
+            padding,
+        )
+        return patches[:, 0]
+    if rank == 2:
+        return image_patches(
+            inputs, kernel_size, strides, dilation_rate, padding
+        )
+    if rank == 3:
+        return _volume_patches(
+            inputs, kernel_size, strides, dilation_rate, padding
+        )
+    raise ValueError(f"convolutions of rank {rank} are not supported")
+
+
+def _dims(tensor):
+    """The shape of `tensor`: static ints where known, else scalar tensors."""
+    dynamic = ops.shape(tensor)
+    return [
+        d if d is not None else dynamic[i] for i, d in enumerate(tensor.shape)
+    ]
+
+
+def _volume_patches(inputs, kernel_size, strides, dilation_rate, padding):
+    """3-D patches from two 2-D passes, in `(k_1, k_2, k_3, C)` order."""
+    _, depth, height, width, channels = _dims(inputs)
+    planes = image_patches(
+        ops.reshape(inputs, (-1, height, width, channels)),
+        kernel_size[1:],
+        strides[1:],
+        dilation_rate[1:],
+        padding,
+    )
+    _, out_height, out_width, plane_size = _dims(planes)
+    planes = ops.reshape(
+        planes, (-1, depth, out_height * out_width, plane_size)
+    )
+    patches = image_patches(
+        planes,
+        (kernel_size[0], 1),
+        (strides[0], 1),
+        (dilation_rate[0], 1),
+        padding,
+    )
+    _, out_depth, _, patch_size = _dims(patches)
+    return ops.reshape(
+        patches, (-1, out_depth, out_height, out_width, patch_size)
     )

@@ -2,6 +2,8 @@
 
 import collections
 
+from keras_thor.src import keras_internals
+
 
 def traced_op_counts(function):
     """`Counter` of op types over every graph `function` has traced.
@@ -12,7 +14,7 @@ def traced_op_counts(function):
     (`Cholesky`) of THOR's steps from it.
     """
     counts = collections.Counter()
-    for concrete in function._list_all_concrete_functions():
+    for concrete in keras_internals.concrete_functions(function):
         graph = concrete.graph.as_graph_def()
         counts.update(node.op for node in graph.node)
         for library_function in graph.library.function:

@@ -7,13 +7,14 @@ import warnings
 
 import keras
 
-from keras_thor.src.backend import replicas
 from keras_thor.src.boost.adasum import AdaSum
+from keras_thor.src.boost.boost_model import to_boost_model
 from keras_thor.src.boost.boost_optimizer import BoostOptimizer
 from keras_thor.src.boost.centralization import centralized_variable_paths
 from keras_thor.src.boost.gradient_freeze import GradientFreeze
 from keras_thor.src.boost.less_bn import LessBN
-from keras_thor.src.models.boost_model import to_boost_model
+from keras_thor.src.boost.less_bn import removable_batch_normalizations
+from keras_thor.src.distribute import replicas
 from keras_thor.src.utils.validation import check_bool
 from keras_thor.src.utils.validation import check_int
 
@@ -63,6 +64,18 @@ DEFAULTS = {
     },
     "loss_scale_group": {},
 }
+
+
+def _has_removable_batch_normalizations(model):
+    """Whether `LessBN` would remove a BatchNormalization from `model` or
+    from a model nested in it."""
+    if not isinstance(model, keras.Model):
+        return False
+    if removable_batch_normalizations(model):
+        return True
+    return any(
+        _has_removable_batch_normalizations(layer) for layer in model.layers
+    )
 
 
 def _choices(values):
@@ -263,17 +276,17 @@ class AutoBoost:
         return model, optimizer, []
 
     def network_auto_process_eval(self, model):
-        """The model to evaluate or predict with: a LessBN-rewritten copy
-        when LessBN is on and `model` has not been rewritten yet."""
-        if self.flags["less_bn"] and keras.layers.BatchNormalization in {
-            type(layer) for layer in model.layers
-        }:
-            from keras_thor.src.boost.less_bn import (
-                removable_batch_normalizations,
-            )
+        """The model to evaluate or predict with.
 
-            if removable_batch_normalizations(model):
-                return LessBN(model, fn_flag=self.fn_flag)
+        With LessBN on, a model that still has batch normalizations LessBN
+        removes gets a copy without them, its head unchanged (MindSpore
+        evaluates with `LessBN(network)`, `fn_flag` False): only training
+        puts a `FullNorm` head in. A model rewritten for training (by
+        `network_auto_process_train`) has none left and is returned as it
+        is, with its trained `FullNorm` head.
+        """
+        if self.flags["less_bn"] and _has_removable_batch_normalizations(model):
+            return LessBN(model, fn_flag=False)
         return model
 
     def _adasum(self):

@@ -3,12 +3,13 @@
 import keras
 from keras import ops
 
+from keras_thor.src import keras_internals
 from keras_thor.src.api_export import keras_thor_export
-from keras_thor.src.backend import replicas
 from keras_thor.src.boost.adasum import AdaSum
 from keras_thor.src.boost.adasum import adasum_tree
 from keras_thor.src.boost.centralization import centralize_gradient
-from keras_thor.src.optimizers.finite import all_finite
+from keras_thor.src.distribute import replicas
+from keras_thor.src.utils.finite import all_finite
 from keras_thor.src.utils.validation import check_int
 
 
@@ -33,9 +34,12 @@ def _check_adasum(adasum, inner_optimizer, grad_accumulation_step):
 
 
 def _check_freeze(grad_freeze):
-    from keras_thor.src.boost.gradient_freeze import GradientFreeze
-
-    if grad_freeze is not None and not isinstance(grad_freeze, GradientFreeze):
+    # Checked by what is used (the schedule's `group_at`): the freezing
+    # builds boost optimizers itself (`freeze_generate`), so this module
+    # does not import it.
+    if grad_freeze is not None and not callable(
+        getattr(grad_freeze, "group_at", None)
+    ):
         raise TypeError(
             "Argument `grad_freeze` must be a "
             "`keras_thor.boost.GradientFreeze` or None. "
@@ -163,7 +167,10 @@ class BoostOptimizer(keras.optimizers.Optimizer):
 
     @property
     def variables(self):
-        return self._variables + self.inner_optimizer.variables
+        return (
+            keras_internals.own_optimizer_variables(self)
+            + self.inner_optimizer.variables
+        )
 
     @property
     def learning_rate(self):
@@ -206,7 +213,7 @@ class BoostOptimizer(keras.optimizers.Optimizer):
                 "`BoostOptimizer` applied by another training step."
             )
         if trainable_variables is None:
-            trainable_variables = self._trainable_variables
+            trainable_variables = keras_internals.trained_variables(self)
         self.boost_apply(list(grads), list(trainable_variables), True)
 
     def boost_apply(self, grads, variables, update):
@@ -261,7 +268,8 @@ class BoostOptimizer(keras.optimizers.Optimizer):
             else 1.0
         )
         accumulators = [
-            self._accumulators[self._get_variable_index(v)] for _, v in present
+            self._accumulators[keras_internals.trained_variable_index(self, v)]
+            for _, v in present
         ]
         totals = [
             acc

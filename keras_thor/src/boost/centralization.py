@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_thor.src.layers.full_norm import FullNorm
+
 # MindSpore centralizes only gradients whose fan-in is a multiple of this.
 FAN_IN_MULTIPLE = 16
 # MindSpore leaves out parameters whose names hold one of these.
@@ -24,8 +26,6 @@ def is_centralizable(variable, layer):
     """MindSpore's rule: a weight of rank ≥ 2 whose fan-in (`shape[-2]`)
     is a multiple of 16, not a beta/gamma/bias, not in a grouped or
     depthwise convolution, not in a `FullNorm` head."""
-    from keras_thor.src.layers.full_norm import FullNorm
-
     shape = tuple(variable.shape)
     if len(shape) < 2 or shape[-2] % FAN_IN_MULTIPLE:
         return False

@@ -4,6 +4,8 @@ import keras
 
 from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.boost import freeze_schedule
+from keras_thor.src.boost.boost_model import to_boost_model
+from keras_thor.src.boost.boost_optimizer import BoostOptimizer
 from keras_thor.src.boost.centralization import owning_layers
 from keras_thor.src.utils.validation import check_float
 from keras_thor.src.utils.validation import check_int
@@ -143,9 +145,6 @@ class GradientFreeze:
         kept) and the optimizer a `BoostOptimizer` carrying this object
         (an existing `BoostOptimizer` keeps its other settings).
         """
-        from keras_thor.src.boost.boost_optimizer import BoostOptimizer
-        from keras_thor.src.models.boost_model import to_boost_model
-
         if isinstance(optimizer, BoostOptimizer):
             boosted = optimizer.replaced(grad_freeze=self)
         else:

@@ -2,9 +2,14 @@
 
 import keras
 
+from keras_thor.src import keras_internals
 from keras_thor.src.api_export import keras_thor_export
-from keras_thor.src.models.boost_model import boost_class_config
-from keras_thor.src.models.convert import check_rewritable
+from keras_thor.src.boost.boost_model import BoostFunctional
+from keras_thor.src.boost.boost_model import BoostSequential
+from keras_thor.src.layers.full_norm import FullNorm
+from keras_thor.src.utils.rebuild import check_rewritable
+from keras_thor.src.utils.rebuild import rebuild
+from keras_thor.src.utils.rebuild import registered_class
 from keras_thor.src.utils.validation import check_bool
 
 _KERAS_MODULES = ("keras.layers", "keras.src.layers")
@@ -16,7 +21,7 @@ def _producer(tensor):
     if history is None:
         return None, None
     layer = history.operation
-    node = layer._inbound_nodes[history.node_index]
+    node = keras_internals.inbound_nodes(layer)[history.node_index]
     inputs = node.input_tensors
     return layer, (inputs[0] if len(inputs) == 1 else None)
 
@@ -74,7 +79,7 @@ def removable_batch_normalizations(model):
     for layer in model.layers:
         if not isinstance(layer, keras.layers.Add):
             continue
-        for node in layer._inbound_nodes:
+        for node in keras_internals.inbound_nodes(layer):
             inputs = node.input_tensors
             if len(inputs) != 2:
                 continue
@@ -158,8 +163,6 @@ def _rewrite(model, serialized, fn_flag):
 
 def _copy_weights(source, target):
     """Copies weights layer by layer by name (FullNorm: the kernel)."""
-    from keras_thor.src.layers.full_norm import FullNorm
-
     sources = {layer.name: layer for layer in source.layers}
     for layer in target.layers:
         origin = sources[layer.name]
@@ -201,11 +204,10 @@ def LessBN(model, fn_flag=False):
         model, "LessBN", "remove its BatchNormalization layers by hand"
     )
     check_bool("fn_flag", fn_flag)
-    serialized = _rewrite(
-        model, keras.saving.serialize_keras_object(model), fn_flag
+    return rebuild(
+        model,
+        registered_class(BoostFunctional),
+        registered_class(BoostSequential),
+        rewrite=lambda serialized: _rewrite(model, serialized, fn_flag),
+        copy_weights=_copy_weights,
     )
-    rewritten = keras.saving.deserialize_keras_object(
-        boost_class_config(model, serialized)
-    )
-    _copy_weights(model, rewritten)
-    return rewritten

@@ -4,15 +4,17 @@ import contextlib
 
 from keras import ops
 
+from keras_thor.src import keras_internals
 from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.backend.dense import dense
 from keras_thor.src.backend.fusion import fused
+from keras_thor.src.backend.values import numpy_value
 from keras_thor.src.optimizers.batched_update import BatchedUpdate
 from keras_thor.src.optimizers.docstrings import with_base_keyword_args
-from keras_thor.src.optimizers.finite import if_finite
-from keras_thor.src.optimizers.finite import is_finite
 from keras_thor.src.optimizers.reference_optimizer import ReferenceOptimizer
 from keras_thor.src.utils import validation
+from keras_thor.src.utils.finite import if_finite
+from keras_thor.src.utils.finite import is_finite
 
 
 def asgd_eta(learning_rate, lambd, alpha, step):
@@ -112,7 +114,7 @@ _fused_asgd_updates = fused(asgd_updates)
 
 
 def _never_updated(step_and_eta):
-    return float(ops.convert_to_numpy(step_and_eta)[0]) == 0.0
+    return float(numpy_value(step_and_eta)[0]) == 0.0
 
 
 @keras_thor_export
@@ -276,7 +278,9 @@ class ASGD(BatchedUpdate, ReferenceOptimizer):
 
     def _update_variables(self, grads, variables, learning_rate):
         """One ASGD step of `variables`, as one (compiled) computation."""
-        indices = [self._get_variable_index(v) for v in variables]
+        indices = [
+            keras_internals.trained_variable_index(self, v) for v in variables
+        ]
         averages = [self._averages[i] for i in indices]
         steps_and_etas = [self._steps_and_etas[i] for i in indices]
         results = _fused_asgd_updates(
@@ -327,13 +331,13 @@ class ASGD(BatchedUpdate, ReferenceOptimizer):
 
     def _variable_index(self, variable):
         self._check_built()
-        key = self._var_key(variable)
-        if key not in self._trainable_variables_indices:
+        index = keras_internals.variable_index(self, variable)
+        if index is None:
             raise ValueError(
                 "The optimizer does not train this variable. "
                 f"Received: variable={variable.path}"
             )
-        return self._trainable_variables_indices[key]
+        return index
 
     @property
     def averaged_weights_in_model(self):
@@ -344,7 +348,7 @@ class ASGD(BatchedUpdate, ReferenceOptimizer):
         """
         if not self.built:
             return False
-        return bool(ops.convert_to_numpy(self._averages_in_model))
+        return bool(numpy_value(self._averages_in_model))
 
     def swap_averaged_weights(self):
         """Exchanges the trained weights and their averages `ax`, in place.
@@ -354,7 +358,9 @@ class ASGD(BatchedUpdate, ReferenceOptimizer):
         """
         self._check_built()
         for variable, average, step_and_eta in zip(
-            self._trainable_variables, self._averages, self._steps_and_etas
+            keras_internals.trained_variables(self),
+            self._averages,
+            self._steps_and_etas,
         ):
             if _never_updated(step_and_eta):
                 continue
@@ -394,10 +400,9 @@ class ASGD(BatchedUpdate, ReferenceOptimizer):
             return
         self.set_averaged_weights_in_model(False)
         for variable in var_list:
-            key = self._var_key(variable)
-            if key not in self._trainable_variables_indices:
+            index = keras_internals.variable_index(self, variable)
+            if index is None:
                 continue
-            index = self._trainable_variables_indices[key]
             if not _never_updated(self._steps_and_etas[index]):
                 variable.assign(self._averages[index])
 

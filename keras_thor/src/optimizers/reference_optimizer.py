@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_thor.src import keras_internals
 from keras_thor.src.backend.dense import dense
 from keras_thor.src.optimizers.strategy_checks import (
     check_base_options_under_strategy,
@@ -46,6 +47,8 @@ class ReferenceOptimizer(keras.optimizers.Optimizer):
 
     def decay_for(self, variable):
         """The L2 coefficient for `variable`: 0.0 if none or excluded."""
-        if not self.weight_decay or not self._use_weight_decay(variable):
+        if not self.weight_decay or not keras_internals.uses_weight_decay(
+            self, variable
+        ):
             return 0.0
         return self.weight_decay

@@ -4,15 +4,16 @@ import warnings
 
 from keras import ops
 
+from keras_thor.src import keras_internals
 from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.backend.dense import dense
 from keras_thor.src.backend.memory_update import assign_row
 from keras_thor.src.backend.memory_update import read_row
 from keras_thor.src.optimizers.docstrings import with_base_keyword_args
-from keras_thor.src.optimizers.finite import if_finite
-from keras_thor.src.optimizers.finite import is_finite
 from keras_thor.src.optimizers.reference_optimizer import ReferenceOptimizer
 from keras_thor.src.utils import validation
+from keras_thor.src.utils.finite import if_finite
+from keras_thor.src.utils.finite import is_finite
 
 _LOW_PRECISION = ("float16", "bfloat16")
 
@@ -248,7 +249,7 @@ class SAG(ReferenceOptimizer):
             )
             self._counts.append(
                 self.add_variable(
-                    (), dtype=self._iterations.dtype, name=f"{prefix}_m"
+                    (), dtype=self.iterations.dtype, name=f"{prefix}_m"
                 )
             )
             self._master_weights.append(
@@ -260,7 +261,7 @@ class SAG(ReferenceOptimizer):
             )
 
     def update_step(self, gradient, variable, learning_rate):
-        index = self._get_variable_index(variable)
+        index = keras_internals.trained_variable_index(self, variable)
         gradient_sum = self._gradient_sums[index]
         memory = self._gradient_memories[index]
         count = self._counts[index]

@@ -15,9 +15,10 @@ right for every optimizer (see docs/distributed.md):
 
 import keras
 
-from keras_thor.src.backend.strategies import in_multi_worker_mode
-from keras_thor.src.backend.strategies import local_value
-from keras_thor.src.backend.strategies import spans_local_devices
+from keras_thor.src.distribute.strategies import in_multi_worker_mode
+from keras_thor.src.distribute.strategies import local_value
+from keras_thor.src.distribute.strategies import spans_local_devices
+from keras_thor.src.distribute.train_step import keras_train_step
 
 
 def check_jit_under_strategy(model):
@@ -71,7 +72,7 @@ class DistributedTrainer:
         return super().make_test_function(force=force)
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        strategy = self._distribute_strategy
+        strategy = self.distribute_strategy
         if iterator is not None and in_multi_worker_mode(strategy):
             # Keras reduces the first batch across workers only to learn
             # its structure and shapes: one worker's batch does that.
@@ -86,9 +87,7 @@ class DistributedTrainer:
     def train_step(self, *args):
         if keras.backend.backend() != "tensorflow":
             return super().train_step(*args)
-        from keras_thor.src.backend.thor_training import train_step
-
-        logs = train_step(self, *args, refresh=False)
+        logs = keras_train_step(self, *args)
         if in_multi_worker_mode(self.distribute_strategy):
             return _with_replica_axis(logs)
         return logs

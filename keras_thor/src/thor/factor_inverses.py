@@ -2,8 +2,8 @@
 
 from keras import ops
 
-from keras_thor.src.curvature.block_inverse import damped_block_inverse
-from keras_thor.src.optimizers.finite import all_finite
+from keras_thor.src.thor.block_inverse import damped_block_inverse
+from keras_thor.src.utils.finite import all_finite
 
 
 def factor_inverses(
@@ -21,14 +21,19 @@ def factor_inverses(
     Returns `(a_inverse, g_inverse, trouble)`:
 
     ```
-    a_inverse = blocks of (c·A + √λ·I)⁻¹    (or 1 / (a + √λ) for diagonal a)
-    g_inverse = blocks of (c·G + √λ·I)⁻¹
+    a_inverse = blocks of (c·A_j + √λ·I)⁻¹    (or 1 / (a + √λ) for diagonal a)
+    g_inverse = blocks of (c·G_j + √λ·I)⁻¹
     ```
 
-    with `c = factor_scale` (`√T` for convolutions, else 1). A block that
-    fails its Cholesky factorization is inverted with more damping; if the
-    factors are not finite (or even the fallback fails) both previous
-    inverses are kept. `trouble` is `True` in either case.
+    Notation:
+        - `A_j`, `G_j`: the factors of group `j`, stacked `(groups, d, d)`
+          (one group except for grouped and depthwise convolutions).
+        - `c`: `factor_scale` (`√T` for convolutions, else 1); `λ`: the
+          damping.
+
+    A block that fails its Cholesky factorization is inverted with more
+    damping; if the factors are not finite (or even the fallback fails)
+    both previous inverses are kept. `trouble` is `True` in either case.
     """
     root = ops.sqrt(damping)
     if a_is_diagonal:

@@ -10,20 +10,18 @@ Notation:
 
 from keras import ops
 
-from keras_thor.src.curvature.block_inverse import multiply_left
-from keras_thor.src.curvature.block_inverse import multiply_right
+from keras_thor.src.thor.block_inverse import multiply_left
+from keras_thor.src.thor.block_inverse import multiply_right
 
 
-def kronecker_precondition(gradient, a_inverse, g_inverse):
-    """`A⁻¹ · g · G⁻¹` for a Dense or Conv2D kernel gradient.
+def kronecker_precondition(matrices, a_inverse, g_inverse):
+    """`A_j⁻¹ · g_j · G_j⁻¹` for each group's kernel gradient matrix.
 
-    The kernel is read as a matrix `(d_in, d_out)` (a Conv2D kernel
-    `(kh, kw, C_in, C_out)` as `(kh·kw·C_in, C_out)`, its im2col layout).
+    `matrices` is `(groups, d_in, d_out)`: a kernel gradient read as its
+    layer's matrices (a Conv2D kernel `(kh, kw, C_in, C_out)` as one
+    `(kh·kw·C_in, C_out)`, its im2col layout).
     """
-    shape = gradient.shape
-    matrix = ops.reshape(gradient, (-1, shape[-1]))
-    matrix = multiply_right(multiply_left(a_inverse, matrix), g_inverse)
-    return ops.reshape(matrix, shape)
+    return multiply_right(multiply_left(a_inverse, matrices), g_inverse)
 
 
 def factored_precondition(input_rows, output_grad_rows, a_inverse, g_inverse):
@@ -32,8 +30,9 @@ def factored_precondition(input_rows, output_grad_rows, a_inverse, g_inverse):
     `input_rows` `(R, d_in)` and `output_grad_rows` `(R, d_out)` are a Dense
     layer's inputs and the gradients of the loss at its pre-activation.
     """
-    left = multiply_left(a_inverse, ops.transpose(input_rows))
-    return ops.matmul(left, multiply_right(output_grad_rows, g_inverse))
+    left = multiply_left(a_inverse, ops.transpose(input_rows)[None])
+    right = multiply_right(output_grad_rows[None], g_inverse)
+    return ops.matmul(left, right)[0]
 
 
 def factored_is_cheaper(d_in, d_out, rows):
@@ -50,9 +49,12 @@ def factored_is_cheaper(d_in, d_out, rows):
 
 def diagonal_kronecker_precondition(gradient, a_inverse, g_inverse):
     """`diag(a⁻¹) · g · G⁻¹` for an Embedding table gradient `(V, E)`."""
-    return multiply_right(a_inverse[:, None] * gradient, g_inverse)
+    return multiply_right(a_inverse[None, :, None] * gradient[None], g_inverse)[
+        0
+    ]
 
 
 def layer_norm_precondition(gradient, damping, batch_size):
-    """`g / (g² / N + √λ)`: MindSpore's diagonal rule for LayerNorm."""
+    """`g / (g² / N + √λ)`: MindSpore's diagonal rule for LayerNorm (and,
+    here, for the scale and offset of other normalization layers)."""
     return gradient / (ops.square(gradient) / batch_size + ops.sqrt(damping))

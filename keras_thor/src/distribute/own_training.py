@@ -2,8 +2,10 @@
 
 import keras
 
-from keras_thor.src.models.distributed_trainer import check_jit_under_strategy
-from keras_thor.src.models.distributed_trainer import has_own_train_step
+from keras_thor.src.distribute.distributed_trainer import (
+    check_jit_under_strategy,
+)
+from keras_thor.src.distribute.distributed_trainer import has_own_train_step
 
 
 def own_train_function(model, force, feature, make):

@@ -3,25 +3,28 @@
 import keras
 from keras import ops
 
+from keras_thor.src import keras_internals
 from keras_thor.src.api_export import keras_thor_export
-from keras_thor.src.backend import replicas
 from keras_thor.src.backend.dense import dense
 from keras_thor.src.backend.fusion import fused
-from keras_thor.src.curvature.block_inverse import block_layout
-from keras_thor.src.curvature.factor_inverses import factor_inverses
-from keras_thor.src.curvature.inverse_placement import inverse_owners
-from keras_thor.src.curvature.inverse_placement import inversion_cost
-from keras_thor.src.layers import capture
-from keras_thor.src.optimizers import thor_update
+from keras_thor.src.backend.values import numpy_value
+from keras_thor.src.distribute import replicas
 from keras_thor.src.optimizers.batched_update import BatchedUpdate
 from keras_thor.src.optimizers.docstrings import with_base_keyword_args
 from keras_thor.src.optimizers.reference_optimizer import ReferenceOptimizer
 from keras_thor.src.schedules.per_step import PerStepSchedule
 from keras_thor.src.schedules.per_step import is_per_step_array
 from keras_thor.src.schedules.per_step import per_step_values
+from keras_thor.src.thor import capture
+from keras_thor.src.thor import update
+from keras_thor.src.thor.blocks import KroneckerBlock
+from keras_thor.src.thor.curvature import preconditioner_of
+from keras_thor.src.thor.inverse_placement import inverse_owners
+from keras_thor.src.thor.inverse_placement import inversion_cost
+from keras_thor.src.thor.preconditioning import factored_is_cheaper
 from keras_thor.src.utils import validation
 
-_fused_thor_updates = fused(thor_update.thor_updates)
+_fused_thor_updates = fused(update.thor_updates)
 # Faster at 2 and 4 CPU replicas (docs/benchmarks.md, "THOR's reductions").
 SPREAD_INVERSES_DEFAULT = True
 
@@ -52,9 +55,15 @@ def _check_rate(name, value, strictly_positive, callable_ok):
         return PerStepSchedule(values, name=name)
     if getattr(value, "shape", None) == ():
         value = ops.convert_to_numpy(value).item()
-    value = validation.check_float(name, value, minimum=0.0)
-    if strictly_positive and value == 0:
-        raise ValueError(f"Argument `{name}` must be > 0. Received: {name}=0.0")
+    value = validation.check_float(name, value)
+    if strictly_positive and value <= 0:
+        raise ValueError(
+            f"Argument `{name}` must be > 0. Received: {name}={value}"
+        )
+    if value < 0:
+        raise ValueError(
+            f"Argument `{name}` must be >= 0.0. Received: {name}={value}"
+        )
     return value
 
 
@@ -87,14 +96,15 @@ def _check_split_indices(split_indices):
 class THOR(BatchedUpdate, ReferenceOptimizer):
     """THOR: Kronecker-factored natural gradient with stale inverses.
 
-    MindSpore's `nn.thor` for Keras. Each THOR-aware layer (see
-    `keras_thor.convert_to_thor_model` and `keras_thor.layers`) gets a
-    Kronecker-factored Fisher `A ⊗ G`, refreshed every `frequency` steps
-    from that step's batch and inverted block by block; in between the
-    stored inverses are reused, so those steps cost an SGD step plus two
-    small matrix products per layer (formed as `(A⁻¹Xᵀ)(D·G⁻¹)` for a Dense
-    layer whose batch is smaller than about its width, where that is
-    cheaper). Update of a kernel `w` at step `t`:
+    MindSpore's `nn.thor` for Keras. Each layer with a curvature block
+    (see `keras_thor.convert_to_thor_model` and
+    `keras_thor.curvature_coverage`) gets a Kronecker-factored Fisher
+    `A ⊗ G` (one per group of a grouped convolution), refreshed every
+    `frequency` steps from that step's batch and inverted block by block;
+    in between the stored inverses are reused, so those steps cost an SGD
+    step plus two small matrix products per layer (formed as
+    `(A⁻¹Xᵀ)(D·G⁻¹)` for a Dense layer whose batch is smaller than about
+    its width, where that is cheaper). Update of a kernel `w` at step `t`:
 
     ```
     every `frequency` steps (t = 0, f, 2f, ...), per layer:
@@ -112,8 +122,8 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         - `A = XᵀX / rows`, `G = DᵀD / rows`: the layer's input and
           per-sample output-gradient second moments over the batch (all
           replicas' batches under tf.distribute); Embedding uses the
-          diagonal of token counts, Conv2D im2col patches.
-        - `c`: `√T` for a Conv2D with `T` output positions, else 1.
+          diagonal of token counts, convolutions im2col patches.
+        - `c`: `√T` for a convolution with `T` output positions, else 1.
         - `λ_t`, `lr_t`: the damping and learning rate of step `t`;
           `N`: `batch_size`; blocks are `split_dim` wide.
 
@@ -138,7 +148,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             `loss_scale_factor`). Defaults to `1.0`.
         batch_size: Integer > 0, `N` of the LayerNorm rule, and the
             per-replica batch assumed when a Dense layer's preconditioning
-            order is chosen for a batch of unknown size. The factors use the
+            order is chosen (once, when THOR is built). The factors use the
             actual size of each batch. Defaults to `32`.
         use_nesterov: Boolean. Defaults to `False`.
         decay_filter: A callable `variable -> bool` choosing the variables
@@ -203,14 +213,16 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         name="thor",
         **kwargs,
     ):
+        if isinstance(learning_rate, keras.layers.Layer):
+            raise TypeError(
+                "THOR takes no model: MindSpore's `nn.thor(net, ...)` is "
+                "`keras_thor.convert_to_thor_model(model)` followed by "
+                "`model.compile(optimizer=THOR(learning_rate, damping, "
+                "momentum, ...))`. Received: "
+                f"learning_rate={type(learning_rate).__name__}"
+            )
         learning_rate = _check_rate("learning_rate", learning_rate, False, True)
         damping = _check_rate("damping", damping, True, False)
-        if isinstance(momentum, bool) or not isinstance(momentum, float):
-            raise TypeError(
-                "Argument `momentum` must be a float. "
-                f"Received: momentum={momentum!r} "
-                f"(of type {type(momentum).__name__})"
-            )
         momentum = validation.check_float("momentum", momentum, minimum=0.0)
         weight_decay = validation.check_float(
             "weight_decay", weight_decay, minimum=0.0
@@ -257,6 +269,8 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             **kwargs,
         )
         self._damping = damping
+        # The learning rate as given (Keras keeps schedules privately).
+        self._schedule = learning_rate
         self.batch_size = batch_size
         self.frequency = frequency
         self.split_dim = split_dim
@@ -267,10 +281,6 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         self.decay_filter = decay_filter
         self.enable_clip_grad = enable_clip_grad
         self.spread_inverses = spread_inverses
-        self.curvature_from_model = False
-        # Kernels whose gradient this step's training step already
-        # preconditioned (the factored order); set while a step is traced.
-        self.preconditioned_kernels = frozenset()
 
     @property
     def damping(self):
@@ -287,77 +297,59 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         """Creates the momentum of every variable, then the inverses.
 
         In `var_list` order: one momentum per variable; then, for every
-        THOR-aware kernel, its `A⁻¹` blocks `(n, s, s)` (a vector for an
-        Embedding) and its `G⁻¹` blocks, starting as identities; then one
-        counter of curvature refreshes that needed a fallback.
+        kernel with a curvature block (marked by `convert_to_thor_model`),
+        its `A⁻¹` blocks `(groups·n, s, s)` (a vector for an Embedding) and
+        its `G⁻¹` blocks, starting as identities; then one counter of
+        curvature refreshes that needed a fallback.
         """
         if self.built:
             return
+        preconditioners = [preconditioner_of(v) for v in var_list]
+        if not any(isinstance(p, KroneckerBlock) for p in preconditioners):
+            raise ValueError(
+                "THOR found no layer with curvature among the "
+                f"{len(var_list)} variables it trains. Convert the model "
+                "first: `model = keras_thor.convert_to_thor_model(model)`, "
+                "or subclass `keras_thor.models.ThorModel` instead of "
+                "`keras.Model` (`keras_thor.curvature_coverage(model)` "
+                "lists what THOR can precondition)."
+            )
         super().build(var_list)
         self._velocities = [
             self.add_variable_from_reference(v, "momentum") for v in var_list
         ]
-        self._kinds = []
-        self._a_inverses = []
-        self._g_inverses = []
-        self._thor_kernel_indices = []
-        for index, variable in enumerate(var_list):
-            layer = capture.thor_layer_of(variable)
-            if layer is None:
-                kind = (
-                    thor_update.LAYER_NORM
-                    if capture.is_layer_norm_variable(variable)
-                    else thor_update.PLAIN
-                )
-                self._kinds.append(kind)
-                self._a_inverses.append(None)
-                self._g_inverses.append(None)
-                continue
-            a_dim, g_dim, a_is_diagonal = layer.thor_factor_dims()
-            prefix = variable.path.replace("/", "_")
-            if a_is_diagonal:
-                a_inverse = self.add_variable(
-                    (a_dim,), "ones", "float32", name=f"{prefix}_a_inverse"
-                )
-            else:
-                blocks, size = block_layout(a_dim, self.split_dim)
-                a_inverse = self.add_variable(
-                    (blocks, size, size),
-                    _identity_blocks,
-                    "float32",
-                    name=f"{prefix}_a_inverse",
-                )
-            blocks, size = block_layout(g_dim, self.split_dim)
-            g_inverse = self.add_variable(
-                (blocks, size, size),
-                _identity_blocks,
-                "float32",
-                name=f"{prefix}_g_inverse",
-            )
-            self._kinds.append(
-                thor_update.DIAGONAL_KRONECKER
-                if a_is_diagonal
-                else thor_update.KRONECKER
-            )
-            self._a_inverses.append(a_inverse)
-            self._g_inverses.append(g_inverse)
-            self._thor_kernel_indices.append(index)
-        if not self._thor_kernel_indices:
-            raise ValueError(
-                "THOR found no THOR-aware layer among the "
-                f"{len(var_list)} variables it trains. Convert the model "
-                "first: `model = keras_thor.convert_to_thor_model(model)`, or "
-                "build it from `keras_thor.layers` (ThorDense, ThorConv2D, "
-                "ThorEmbedding) inside a `keras_thor.models.ThorModel`."
-            )
-        if self.split_indices and self.split_indices[-1] >= len(
-            self._thor_kernel_indices
+        self._preconditioners = preconditioners
+        self._a_inverses = [None] * len(var_list)
+        self._g_inverses = [None] * len(var_list)
+        self._blocks = {}
+        for index, (variable, block) in enumerate(
+            zip(var_list, preconditioners)
         ):
+            if not isinstance(block, KroneckerBlock):
+                continue
+            a_shape, g_shape = block.inverse_shapes(self.split_dim)
+            prefix = variable.path.replace("/", "_")
+            self._a_inverses[index] = self.add_variable(
+                a_shape,
+                "ones" if block.a_is_diagonal else _identity_blocks,
+                "float32",
+                name=f"{prefix}_a_inverse",
+            )
+            self._g_inverses[index] = self.add_variable(
+                g_shape, _identity_blocks, "float32", name=f"{prefix}_g_inverse"
+            )
+            self._blocks[index] = block
+        if self.split_indices and self.split_indices[-1] >= len(self._blocks):
             raise ValueError(
                 "Every entry of `split_indices` must index one of the "
-                f"{len(self._thor_kernel_indices)} THOR-aware layers. "
+                f"{len(self._blocks)} layers with curvature. "
                 f"Received: split_indices={self.split_indices}"
             )
+        self._factored = frozenset(
+            index
+            for index, block in self._blocks.items()
+            if self._takes_factored_order(block)
+        )
         self._weight_decays = [self._decay_of(v) for v in var_list]
         self._curvature_troubles = self.add_variable(
             (), "zeros", "int32", name="curvature_troubles"
@@ -368,12 +360,33 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             return 0.0
         return self.decay_for(variable)
 
+    def _takes_factored_order(self, block):
+        """Whether `block`'s kernel is preconditioned in the factored order.
+
+        Only for Dense kernels where it costs fewer flops for the rows a
+        call is expected to have (`batch_size` times the other leading
+        dimensions the layer was built for), and never with Keras's
+        clipping options (which would then clip a preconditioned
+        gradient). Decided once, when the optimizer is built.
+        """
+        if not block.factored:
+            return False
+        if self.clipnorm or self.clipvalue or self.global_clipnorm:
+            return False
+        shape = keras_internals.built_input_shape(block.layer)
+        rows = self.batch_size
+        for dimension in (shape or (None, None))[1:-1]:
+            if dimension is None:
+                return False
+            rows *= dimension
+        return factored_is_cheaper(block.a_dim, block.g_dim, rows)
+
     @property
     def curvature_troubles(self):
         """How many layer refreshes fell back or kept their old inverses."""
         if not self.built:
             return 0
-        return int(ops.convert_to_numpy(self._curvature_troubles))
+        return int(numpy_value(self._curvature_troubles))
 
     def refreshes_at(self, step):
         """Whether step `step` (0-based) refreshes the curvature."""
@@ -381,7 +394,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
 
     def _per_step_arrays(self):
         for name, value in (
-            ("learning_rate", self._learning_rate),
+            ("learning_rate", self._schedule),
             ("damping", self._damping),
         ):
             if isinstance(value, PerStepSchedule):
@@ -397,20 +410,32 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         lengths = [len(s) - step for _, s in self._per_step_arrays()]
         return min(lengths, default=float("inf"))
 
-    def thor_layer_buckets(self):
-        """The kernel indices of the THOR-aware layers, per reduction bucket.
+    @property
+    def curvature_blocks(self):
+        """`{variable index: block}` of the kernels with curvature."""
+        return dict(self._blocks)
 
-        One bucket by default; `split_indices=[i, j]` cuts after the layers
+    @property
+    def factored_kernels(self):
+        """The variable indices preconditioned in the factored order: the
+        training step forms their preconditioned gradient, and the update
+        takes it as it is."""
+        return self._factored
+
+    def block_buckets(self):
+        """The variable indices of the blocks, per reduction bucket.
+
+        One bucket by default; `split_indices=[i, j]` cuts after the blocks
         `i` and `j` (MindSpore's all-reduce fusion points).
         """
-        indices = self._thor_kernel_indices
+        indices = sorted(self._blocks)
         cuts = [0] + [i + 1 for i in (self.split_indices or [])]
         cuts = sorted(set(cuts + [len(indices)]))
         return [indices[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
 
-    def kernel_index(self, kernel):
-        """The position of `kernel` in the trained variables, or `None`."""
-        return self._trainable_variables_indices.get(self._var_key(kernel))
+    def variable_index(self, variable):
+        """The position of `variable` in the trained variables, or `None`."""
+        return keras_internals.variable_index(self, variable)
 
     def refresh_curvature(self, statistics):
         """Replaces the stored inverses from fresh factors.
@@ -419,7 +444,6 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         factors averaged over the (global) batch and the factor scale. Runs
         inside the training step, before `apply_gradients`.
         """
-        self.curvature_from_model = True
         if not statistics:
             return
         indices = sorted(statistics)
@@ -438,12 +462,8 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
 
     def layer_inverses(self, index, statistics):
         """`(A⁻¹, G⁻¹, trouble)` of kernel `index` from its `(A, G, c)`."""
-        a, g, factor_scale = statistics
-        return factor_inverses(
-            a,
-            g,
-            factor_scale,
-            self._kinds[index] == thor_update.DIAGONAL_KRONECKER,
+        return self._blocks[index].inverses(
+            statistics,
             self.current_damping(),
             self.split_dim,
             self._a_inverses[index],
@@ -491,29 +511,18 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             for k in range(len(indices))
         ]
 
-    def uses_factored_order(self, layer, inputs):
-        """Whether to precondition `layer`'s kernel in the factored order.
-
-        Only for Dense kernels where it costs fewer flops, and never with
-        Keras's clipping options (which would then clip a preconditioned
-        gradient).
-        """
-        if self.clipnorm or self.clipvalue or self.global_clipnorm:
-            return False
-        prefers = getattr(layer, "thor_prefers_factored", None)
-        return prefers is not None and prefers(inputs, self.batch_size)
-
-    def factored_gradient(self, kernel_index, layer, inputs, output_grads):
-        """`A⁻¹ · g · G⁻¹` of one call of `layer`, in the factored order."""
-        return layer.thor_factored_gradient(
+    def factored_gradient(self, index, inputs, output_grads):
+        """`A⁻¹ · g · G⁻¹` of one call of kernel `index`'s layer, in the
+        factored order, from the stored inverses."""
+        return self._blocks[index].factored_gradient(
             inputs,
             output_grads,
-            self._a_inverses[kernel_index],
-            self._g_inverses[kernel_index],
+            self._a_inverses[index],
+            self._g_inverses[index],
         )
 
     def apply(self, grads, trainable_variables=None):
-        if not self.curvature_from_model:
+        if not capture.in_thor_training_step():
             raise ValueError(
                 "THOR gets its curvature from the training step of a "
                 "`keras_thor.models.ThorModel`. Convert the model with "
@@ -523,14 +532,10 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         return super().apply(grads, trainable_variables)
 
     def _update_variables(self, grads, variables, learning_rate):
-        indices = [self._get_variable_index(v) for v in variables]
-        velocities = [self._velocities[i] for i in indices]
-        kinds = [
-            thor_update.PLAIN
-            if i in self.preconditioned_kernels
-            else self._kinds[i]
-            for i in indices
+        indices = [
+            keras_internals.trained_variable_index(self, v) for v in variables
         ]
+        velocities = [self._velocities[i] for i in indices]
         results = _fused_thor_updates(
             list(variables),
             [dense(g) for g in grads],
@@ -539,7 +544,10 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             [self._g_inverses[i] for i in indices],
             ops.cast(learning_rate, "float32"),
             self.current_damping(),
-            kinds,
+            [
+                None if i in self._factored else self._preconditioners[i]
+                for i in indices
+            ],
             [self._weight_decays[i] for i in indices],
             float(self.batch_size),
             self.momentum,

@@ -1,14 +1,15 @@
 """Facts about the current tf.distribute strategy (TensorFlow)."""
 
+from keras_thor.src import keras_internals
+
 
 def in_multi_worker_mode(strategy):
     """Whether `strategy` is a MultiWorkerMirroredStrategy across workers."""
     import tensorflow as tf
 
-    return (
-        isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-        and strategy.extended._in_multi_worker_mode()
-    )
+    return isinstance(
+        strategy, tf.distribute.MultiWorkerMirroredStrategy
+    ) and keras_internals.in_multi_worker_mode(strategy)
 
 
 def local_value(strategy, value):

@@ -6,29 +6,19 @@ results.
 
 from keras import ops
 
-from keras_thor.src.curvature.preconditioning import (
-    diagonal_kronecker_precondition,
-)
-from keras_thor.src.curvature.preconditioning import kronecker_precondition
-from keras_thor.src.curvature.preconditioning import layer_norm_precondition
-from keras_thor.src.optimizers.finite import if_finite
-from keras_thor.src.optimizers.finite import is_finite
-
-KRONECKER = "kronecker"
-DIAGONAL_KRONECKER = "diagonal_kronecker"
-LAYER_NORM = "layer_norm"
-PLAIN = "plain"
+from keras_thor.src.utils.finite import if_finite
+from keras_thor.src.utils.finite import is_finite
 
 
-def precondition(kind, gradient, a_inverse, g_inverse, damping, batch_size):
-    """The gradient after THOR's preconditioner for a variable of `kind`."""
-    if kind == KRONECKER:
-        return kronecker_precondition(gradient, a_inverse, g_inverse)
-    if kind == DIAGONAL_KRONECKER:
-        return diagonal_kronecker_precondition(gradient, a_inverse, g_inverse)
-    if kind == LAYER_NORM:
-        return layer_norm_precondition(gradient, damping, batch_size)
-    return gradient
+def precondition(
+    preconditioner, gradient, a_inverse, g_inverse, damping, batch_size
+):
+    """The gradient after the variable's preconditioner (`None`: none)."""
+    if preconditioner is None:
+        return gradient
+    return preconditioner.precondition(
+        gradient, a_inverse, g_inverse, damping, batch_size
+    )
 
 
 def clip_by_norm(gradient, clip_norm=1.0):
@@ -57,7 +47,7 @@ def thor_update(
     g_inverse,
     learning_rate,
     damping,
-    kind,
+    preconditioner,
     weight_decay,
     batch_size,
     momentum,
@@ -73,7 +63,7 @@ def thor_update(
     """
     w = ops.cast(variable, "float32")
     direction = precondition(
-        kind,
+        preconditioner,
         ops.reshape(ops.cast(gradient, "float32"), variable.shape),
         a_inverse,
         g_inverse,
@@ -113,7 +103,7 @@ def thor_updates(
     g_inverses,
     learning_rate,
     damping,
-    kinds,
+    preconditioners,
     weight_decays,
     batch_size,
     momentum,
@@ -130,7 +120,7 @@ def thor_updates(
             g_inverse,
             learning_rate,
             damping,
-            kind,
+            preconditioner,
             weight_decay,
             batch_size,
             momentum,
@@ -143,7 +133,7 @@ def thor_updates(
             velocity,
             a_inverse,
             g_inverse,
-            kind,
+            preconditioner,
             weight_decay,
         ) in zip(
             variables,
@@ -151,7 +141,7 @@ def thor_updates(
             velocities,
             a_inverses,
             g_inverses,
-            kinds,
+            preconditioners,
             weight_decays,
         )
     ]

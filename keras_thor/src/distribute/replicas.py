@@ -6,7 +6,8 @@ single-device operation.
 
 import keras
 
-from keras_thor.src.optimizers.finite import all_finite
+from keras_thor.src import keras_internals
+from keras_thor.src.utils.finite import all_finite
 
 
 def _replica_context():
@@ -98,7 +99,7 @@ def use_local_gradients(optimizer):
     replica's own gradients: the all-reduce of Keras's TensorFlow optimizer
     is skipped (a per-instance override of its private hook; the replicas
     run their steps in threads at once, so it is set once for good)."""
-    optimizer._all_reduce_sum_gradients = list
+    keras_internals.skip_gradient_all_reduce(optimizer)
 
 
 def finite_on_all_replicas(grads):

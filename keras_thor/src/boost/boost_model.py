@@ -3,15 +3,16 @@
 import keras
 
 from keras_thor.src.api_export import keras_thor_export
-from keras_thor.src.models.convert import check_rewritable
-from keras_thor.src.models.convert import with_model_class
-from keras_thor.src.models.distributed_trainer import DistributedTrainer
-from keras_thor.src.models.own_training import own_train_function
+from keras_thor.src.boost.boost_optimizer import BoostOptimizer
+from keras_thor.src.boost.training import BoostTrainFunction
+from keras_thor.src.distribute.distributed_trainer import DistributedTrainer
+from keras_thor.src.distribute.own_training import own_train_function
+from keras_thor.src.utils.rebuild import check_rewritable
+from keras_thor.src.utils.rebuild import rebuild
+from keras_thor.src.utils.rebuild import registered_class
 
 
 def _boost_optimizer_of(optimizer):
-    from keras_thor.src.boost.boost_optimizer import BoostOptimizer
-
     return optimizer if isinstance(optimizer, BoostOptimizer) else None
 
 
@@ -33,8 +34,6 @@ class BoostTrainer(DistributedTrainer):
 
 
 def _boost_train_function(model):
-    from keras_thor.src.backend.boost_training import BoostTrainFunction
-
     return BoostTrainFunction(model)
 
 
@@ -49,11 +48,6 @@ class BoostFunctional(BoostTrainer, keras.Model):
 @keras_thor_export
 class BoostSequential(BoostTrainer, keras.Sequential):
     """A `keras.Sequential` that runs boost training steps."""
-
-
-def boost_class_config(model, serialized):
-    """`serialized` (of `model`) as a boost model class's config."""
-    return with_model_class(model, serialized, BoostFunctional, BoostSequential)
 
 
 @keras_thor_export
@@ -74,9 +68,8 @@ def to_boost_model(model):
         "to_boost_model",
         "derive it from `keras_thor.models.BoostFunctional`",
     )
-    serialized = keras.saving.serialize_keras_object(model)
-    converted = keras.saving.deserialize_keras_object(
-        boost_class_config(model, serialized)
+    return rebuild(
+        model,
+        registered_class(BoostFunctional),
+        registered_class(BoostSequential),
     )
-    converted.set_weights(model.get_weights())
-    return converted

@@ -8,30 +8,29 @@ never computes a statistic, and no collective sits inside a `tf.cond` (which
 breaks under tf.distribute).
 """
 
-import contextlib
 import warnings
 
 import keras
 from keras import ops
 
-from keras_thor.src.backend import replicas
-from keras_thor.src.layers import capture
+from keras_thor.src import keras_internals
+from keras_thor.src.backend.values import numpy_value
+from keras_thor.src.distribute import replicas
+from keras_thor.src.distribute import train_step as train_step_parts
+from keras_thor.src.distribute.train_step import apply_gradients
+from keras_thor.src.distribute.train_step import keras_train_step
+from keras_thor.src.distribute.train_step import reduce_logs
+from keras_thor.src.distribute.train_step import scaled_training_loss
+from keras_thor.src.distribute.train_step import training_call
+from keras_thor.src.thor import capture
+from keras_thor.src.thor.optimizer import THOR
 
 
 def thor_optimizer_of(optimizer):
     """The `THOR` inside `optimizer` (unwrapping a `LossScaleOptimizer`)."""
-    from keras_thor.src.optimizers.thor import THOR
-
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         optimizer = optimizer.inner_optimizer
     return optimizer if isinstance(optimizer, THOR) else None
-
-
-def _examples(x):
-    import tensorflow as tf
-
-    first = next(t for t in keras.tree.flatten(x) if t is not None)
-    return tf.shape(first)[0]
 
 
 def curvature_statistics(thor, calls, output_grads, sample_scale):
@@ -39,18 +38,18 @@ def curvature_statistics(thor, calls, output_grads, sample_scale):
 
     `sample_scale` turns a gradient of the (scaled, replica-shared) mean
     loss into a per-sample gradient. Sums are all-reduced across replicas,
-    one collective per bucket of `thor.thor_layer_buckets()`, then divided
+    one collective per bucket of `thor.block_buckets()`, then divided
     by the global row count. Several calls of one layer pool their rows.
     """
     sums = {}
     for call, output_grad in zip(calls, output_grads):
         if output_grad is None:
             continue
-        index = thor.kernel_index(call.layer.thor_kernel)
+        index = thor.variable_index(call.block.kernel)
         if index is None:
             continue
         sample_grads = ops.cast(output_grad, "float32") * sample_scale
-        a_sum, g_sum, rows, factor_scale = call.layer.thor_statistics(
+        a_sum, g_sum, rows, factor_scale = call.block.statistics(
             call.inputs, sample_grads
         )
         if index in sums:
@@ -60,7 +59,7 @@ def curvature_statistics(thor, calls, output_grads, sample_scale):
         sums[index] = (a_sum, g_sum, rows, factor_scale)
 
     statistics = {}
-    for bucket in thor.thor_layer_buckets():
+    for bucket in thor.block_buckets():
         present = [index for index in bucket if index in sums]
         if not present:
             continue
@@ -77,10 +76,8 @@ def _factored_calls(thor, calls):
     """`{kernel index: [call positions]}` of the factored-order kernels."""
     factored = {}
     for position, call in enumerate(calls):
-        index = thor.kernel_index(call.layer.thor_kernel)
-        if index is not None and thor.uses_factored_order(
-            call.layer, call.inputs
-        ):
+        index = thor.variable_index(call.block.kernel)
+        if index in thor.factored_kernels:
             factored.setdefault(index, []).append(position)
     return factored
 
@@ -93,7 +90,8 @@ def _gradients(thor, variables, calls, factored, scaled_loss, tape, refresh):
     `calls[p]`'s outputs where needed (every call on a refresh step, the
     factored-order calls otherwise), else `None`.
     """
-    skipped = {id(thor._trainable_variables[index]) for index in factored}
+    blocks = thor.curvature_blocks
+    skipped = {id(blocks[index].kernel) for index in factored}
     factored_positions = {
         p for positions in factored.values() for p in positions
     }
@@ -118,13 +116,11 @@ def _add_factored_gradients(
     """Fills in `A⁻¹ · g · G⁻¹` of the factored-order kernels (summed over
     their calls), from the stored inverses."""
     for position, variable in enumerate(variables):
-        index = thor.kernel_index(variable)
+        index = thor.variable_index(variable)
         if index not in factored:
             continue
         parts = [
-            thor.factored_gradient(
-                index, calls[p].layer, calls[p].inputs, output_grads[p]
-            )
+            thor.factored_gradient(index, calls[p].inputs, output_grads[p])
             for p in factored[index]
             if output_grads[p] is not None
         ]
@@ -134,118 +130,57 @@ def _add_factored_gradients(
     return grads
 
 
-def training_call(model, x):
-    """`model(x)` in training mode, as Keras's `train_step` calls it."""
-    if model._call_has_training_arg:
-        return model(x, training=True)
-    return model(x)
-
-
-def scaled_training_loss(model, x, y, y_pred, sample_weight):
-    """The step's loss, tracked for the logs, scaled for the optimizer
-    (as Keras's TensorFlow `train_step` computes it)."""
-    loss = model._compute_loss(
-        x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
-    )
-    model._loss_tracker.update_state(
-        loss * replicas.replica_count(), sample_weight=_examples(x)
-    )
-    if model.optimizer is None:
-        return loss
-    return model.optimizer.scale_loss(loss)
-
-
-def _apply(optimizer, grads, variables):
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        # It would look at replica 0's gradients only.
-        grads = replicas.overflow_on_every_replica(grads)
-    optimizer.apply_gradients(zip(grads, variables))
-
-
 def train_step(model, data, refresh):
     """One training step; on `refresh` steps it also refreshes THOR.
 
-    As Keras's TensorFlow `train_step`, plus: THOR-aware layers record their
-    calls, the loss is differentiated with respect to their outputs too
-    (refresh steps, and Dense layers preconditioned in the factored order),
-    and on refresh steps the factors go to the optimizer before
+    As Keras's TensorFlow `train_step`, plus: layers with curvature blocks
+    record their calls, the loss is differentiated with respect to their
+    outputs too (refresh steps, and Dense layers preconditioned in the
+    factored order), and on refresh steps the factors go to the optimizer
+    before
     `apply_gradients`. Under a strategy, a `LossScaleOptimizer` sees an
     overflow on any replica (Keras's looks at replica 0's gradients).
     """
     import tensorflow as tf
 
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     thor = thor_optimizer_of(model.optimizer)
-    recording = (
-        capture.capture_layer_calls()
-        if thor is not None
-        else contextlib.nullcontext([])
-    )
-    with tf.GradientTape() as tape:
-        with recording as calls:
-            y_pred = training_call(model, x)
-        scaled_loss = scaled_training_loss(model, x, y, y_pred, sample_weight)
-
-    variables = model.trainable_weights
     if thor is None:
-        if variables:
-            _apply(
-                model.optimizer,
-                tape.gradient(scaled_loss, variables),
-                variables,
-            )
-        else:
-            warnings.warn(
-                "The model does not have any trainable weights.", stacklevel=2
-            )
-        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-    if not model.optimizer.built:
-        model.optimizer.build(variables)
-    factored = _factored_calls(thor, calls)
-    grads, output_grads = _gradients(
-        thor, variables, calls, factored, scaled_loss, tape, refresh
+        return keras_train_step(model, data)
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    variables = model.trainable_weights
+    if not thor.built:
+        # The layers' curvature rules need the layers built: this builds
+        # the model, then the optimizer (a `LossScaleOptimizer` too).
+        keras_internals.symbolic_build(model, data)
+        variables = model.trainable_weights
+    blocks = thor.curvature_blocks
+    recorded = (
+        blocks if refresh else {i: blocks[i] for i in thor.factored_kernels}
     )
-    if refresh:
-        loss_scale = ops.cast(model.optimizer.scale_loss(1.0), "float32")
-        examples = _examples(x) * replicas.replica_count()
-        sample_scale = ops.cast(examples, "float32") / loss_scale
-        thor.refresh_curvature(
-            curvature_statistics(thor, calls, output_grads, sample_scale)
+    with capture.thor_training_step():
+        with tf.GradientTape() as tape:
+            with capture.capture_calls(recorded.values()) as calls:
+                y_pred = training_call(model, x)
+            scaled_loss = scaled_training_loss(
+                model, x, y, y_pred, sample_weight
+            )
+        factored = _factored_calls(thor, calls)
+        grads, output_grads = _gradients(
+            thor, variables, calls, factored, scaled_loss, tape, refresh
         )
-    # After the refresh: the factored products read the new inverses.
-    grads = _add_factored_gradients(
-        thor, variables, grads, calls, factored, output_grads
-    )
-    thor.preconditioned_kernels = frozenset(factored)
-    try:
-        _apply(model.optimizer, grads, variables)
-    finally:
-        thor.preconditioned_kernels = frozenset()
+        if refresh:
+            loss_scale = ops.cast(model.optimizer.scale_loss(1.0), "float32")
+            examples = train_step_parts.examples(x) * replicas.replica_count()
+            sample_scale = ops.cast(examples, "float32") / loss_scale
+            thor.refresh_curvature(
+                curvature_statistics(thor, calls, output_grads, sample_scale)
+            )
+        # After the refresh: the factored products read the new inverses.
+        grads = _add_factored_gradients(
+            thor, variables, grads, calls, factored, output_grads
+        )
+        apply_gradients(model.optimizer, grads, variables)
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-
-
-def reduce_logs(logs, strategy):
-    """The logs of one replica-run step as plain tensors (replica mean)."""
-    import tensorflow as tf
-
-    if strategy.num_replicas_in_sync == 1:
-        return logs
-    tpu = isinstance(strategy, tf.distribute.TPUStrategy)
-
-    def reduce(value):
-        if not isinstance(value, tf.distribute.DistributedValues):
-            if isinstance(
-                strategy, tf.distribute.MultiWorkerMirroredStrategy
-            ) and isinstance(value, tf.Tensor):
-                return strategy.reduce("MEAN", value, axis=None)
-            return value
-        if tpu:
-            return strategy.experimental_local_results(value)[0]
-        if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-            return strategy.reduce("MEAN", value, axis=None)
-        return tf.reduce_mean(strategy.experimental_local_results(value), 0)
-
-    return keras.tree.map_structure(reduce, logs)
 
 
 class ThorTrainFunction:
@@ -282,7 +217,7 @@ class ThorTrainFunction:
         if self._step is None or isinstance(
             self.model.optimizer, keras.optimizers.LossScaleOptimizer
         ):
-            self._step = int(ops.convert_to_numpy(thor.iterations))
+            self._step = int(numpy_value(thor.iterations))
         return self._step
 
     def _single_step(self, thor, iterator):
@@ -331,7 +266,7 @@ class ThorTrainFunction:
             return reduce_logs(logs, strategy)
 
         compiled = self._compile(one_step, jit=model.jit_compile)
-        return model._autoconvert_optionals(compiled)
+        return keras_internals.autoconvert_optionals(model, compiled)
 
     def _plain_loop(self, iterator, steps, logs):
         """`steps` more plain steps after one that returned `logs`.
@@ -372,8 +307,6 @@ class ThorTrainFunction:
         import tensorflow as tf
 
         thor = thor_optimizer_of(self.model.optimizer)
-        if thor is not None:
-            thor.curvature_from_model = True
         if not isinstance(
             iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)
         ):
@@ -411,7 +344,7 @@ class ThorTrainFunction:
         At most `remaining`, up to the next refresh, and no further than the
         per-step arrays reach; raises if they do not reach the next step.
         """
-        step = int(ops.convert_to_numpy(thor.iterations))
+        step = int(numpy_value(thor.iterations))
         thor.check_schedules_cover(step + 1)
         if thor.refreshes_at(step):
             return 0

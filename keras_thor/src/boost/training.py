@@ -10,9 +10,11 @@ inside a `tf.cond` (which breaks under tf.distribute).
 
 import keras
 
-from keras_thor.src.backend.thor_training import reduce_logs
-from keras_thor.src.backend.thor_training import scaled_training_loss
-from keras_thor.src.backend.thor_training import training_call
+from keras_thor.src import keras_internals
+from keras_thor.src.backend.values import numpy_value
+from keras_thor.src.distribute.train_step import reduce_logs
+from keras_thor.src.distribute.train_step import scaled_training_loss
+from keras_thor.src.distribute.train_step import training_call
 
 
 def train_step(model, data, variables, update):
@@ -89,7 +91,7 @@ class BoostTrainFunction:
             jit_compile=model.jit_compile,
             autograph=False,
         )
-        return model._autoconvert_optionals(compiled)
+        return keras_internals.autoconvert_optionals(model, compiled)
 
     def _batches(self, iterator):
         import tensorflow as tf
@@ -110,7 +112,7 @@ class BoostTrainFunction:
 
         optimizer = self.model.optimizer
         if self._step is None:
-            self._step = int(keras.ops.convert_to_numpy(optimizer.micro_steps))
+            self._step = int(numpy_value(optimizer.micro_steps))
         freeze = optimizer.grad_freeze
         logs = None
         batches = self._batches(iterator)

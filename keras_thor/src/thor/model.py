@@ -3,35 +3,49 @@
 import keras
 
 from keras_thor.src.api_export import keras_thor_export
-from keras_thor.src.models.distributed_trainer import DistributedTrainer
-from keras_thor.src.models.own_training import own_train_function
+from keras_thor.src.distribute.distributed_trainer import DistributedTrainer
+from keras_thor.src.distribute.own_training import own_train_function
+from keras_thor.src.thor.curvature import attach_curvature
+from keras_thor.src.thor.training import ThorTrainFunction
+from keras_thor.src.thor.training import thor_optimizer_of
 
 
 class ThorTrainer(DistributedTrainer):
     """Mixin: `fit` runs THOR's refresh and plain steps apart.
 
-    With a THOR optimizer (bare or inside a `LossScaleOptimizer`), steps
-    `0, f, 2f, ...` run a separately traced step that records the
-    THOR-aware layers' inputs and output gradients and refreshes the
-    inverses; all other steps run the plain step. With any other optimizer
-    the Keras parent class's own train function runs (an overridden
-    `train_step` included).
+    Once the model is built, its layers get their curvature rules
+    (`attach_curvature`: what THOR's `build` reads) the first time its
+    trainable variables are asked for. With a THOR optimizer
+    (bare or inside a `LossScaleOptimizer`), steps `0, f, 2f, ...` run a
+    separately traced step that records the layers' inputs and output
+    gradients and refreshes the inverses; all other steps run the plain
+    step. With any other optimizer the Keras parent class's own train
+    function runs (an overridden `train_step` included).
     """
 
-    def make_train_function(self, force=False):
-        from keras_thor.src.backend.thor_training import thor_optimizer_of
+    @property
+    def trainable_variables(self):
+        # Whatever builds THOR (fit, loading, a user) asks for these first.
+        self._attach_curvature()
+        return super().trainable_variables
 
+    @property
+    def trainable_weights(self):
+        self._attach_curvature()
+        return super().trainable_weights
+
+    def _attach_curvature(self):
+        """Gives the layers their curvature rules once the model is built."""
+        if self.built and not getattr(self, "_keras_thor_attached", False):
+            object.__setattr__(self, "_keras_thor_attached", True)
+            attach_curvature(self)
+
+    def make_train_function(self, force=False):
         if thor_optimizer_of(self.optimizer) is None:
             return super().make_train_function(force=force)
         return own_train_function(
-            self, force, "THOR's curvature capture", _thor_train_function
+            self, force, "THOR's curvature capture", ThorTrainFunction
         )
-
-
-def _thor_train_function(model):
-    from keras_thor.src.backend.thor_training import ThorTrainFunction
-
-    return ThorTrainFunction(model)
 
 
 def _functional_arguments(args, kwargs):
@@ -59,14 +73,14 @@ class ThorModel(ThorTrainer, keras.Model):
     """A `keras.Model` whose training step feeds THOR its curvature.
 
     Use it as `keras.Model`: functionally (`ThorModel(inputs, outputs)`) or
-    subclassed with THOR-aware layers from `keras_thor.layers`:
+    subclassed, with Keras's own layers:
 
     ```python
     class Classifier(keras_thor.models.ThorModel):
         def __init__(self):
             super().__init__()
-            self.hidden = keras_thor.layers.ThorDense(64, activation="relu")
-            self.logits = keras_thor.layers.ThorDense(10)
+            self.hidden = keras.layers.Dense(64, activation="relu")
+            self.logits = keras.layers.Dense(10)
 
         def call(self, x):
             return self.logits(self.hidden(x))

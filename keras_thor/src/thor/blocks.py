@@ -1,0 +1,241 @@
+"""Curvature blocks: one kernel's Kronecker-factored curvature, per layer kind.
+
+As in kfac-jax's `curvature_blocks`, a block owns what is particular to a
+kind of layer: the shapes of its factors and stored inverses, its
+statistics from a recorded call (inputs and per-sample output gradients),
+how its kernel reads as the matrices the factors act on, and its
+preconditioning, in the direct order `A⁻¹ · g · G⁻¹` and (Dense) the
+factored order `(A⁻¹Xᵀ)(D·G⁻¹)`. Damping and inversion are shared
+(`factor_inverses`); the schedule and the state live in `THOR`.
+
+Notation:
+    - `X`: a call's inputs as rows; `D`: the per-sample gradients of the
+      loss at its pre-activation outputs, in the same rows.
+    - `A_j = X_jᵀX_j / rows`, `G_j = D_jᵀD_j / rows` for each group `j`
+      (one group, except grouped and depthwise convolutions).
+    - `c`: the factor scale, `√T` for a convolution with `T` output
+      positions, else 1.
+"""
+
+from keras import ops
+
+from keras_thor.src.thor.block_inverse import block_layout
+from keras_thor.src.thor.conv_statistics import conv_factor_scale
+from keras_thor.src.thor.conv_statistics import grouped_conv_statistics
+from keras_thor.src.thor.conv_statistics import grouped_kernel_matrices
+from keras_thor.src.thor.conv_statistics import kernel_from_grouped_matrices
+from keras_thor.src.thor.factor_inverses import factor_inverses
+from keras_thor.src.thor.preconditioning import diagonal_kronecker_precondition
+from keras_thor.src.thor.preconditioning import factored_precondition
+from keras_thor.src.thor.preconditioning import kronecker_precondition
+from keras_thor.src.thor.preconditioning import layer_norm_precondition
+from keras_thor.src.thor.statistics import dense_statistics
+from keras_thor.src.thor.statistics import embedding_statistics
+
+
+def _channels_last(tensor, data_format):
+    if data_format == "channels_first":
+        rank = len(tensor.shape)
+        return ops.transpose(tensor, (0, *range(2, rank), 1))
+    return tensor
+
+
+class KroneckerBlock:
+    """A kernel preconditioned by Kronecker factors `A_j ⊗ G_j`.
+
+    Subclasses give `statistics(inputs, sample_output_grads)`: the sums
+    `(A sums, G sums, rows, c)` of one recorded call.
+
+    Attributes:
+        layer: The Keras layer the kernel belongs to.
+        kernel: The variable THOR preconditions.
+        groups, a_dim, g_dim: `groups` factor pairs of sizes `a_dim` and
+            `g_dim`; the kernel reads as `(groups, a_dim, g_dim)`.
+        a_is_diagonal: Whether `A` is kept as its diagonal (Embedding).
+        factored: Whether the factored order exists for this block.
+    """
+
+    a_is_diagonal = False
+    factored = False
+
+    def __init__(self, layer, kernel, groups, a_dim, g_dim):
+        self.layer = layer
+        self.kernel = kernel
+        self.groups = groups
+        self.a_dim = a_dim
+        self.g_dim = g_dim
+
+    @property
+    def name(self):
+        return self.kernel.path
+
+    def inverse_shapes(self, split_dim):
+        """The shapes of the stored `A⁻¹` and `G⁻¹`."""
+        if self.a_is_diagonal:
+            a_shape = (self.a_dim,)
+        else:
+            blocks, size = block_layout(self.a_dim, split_dim)
+            a_shape = (self.groups * blocks, size, size)
+        blocks, size = block_layout(self.g_dim, split_dim)
+        return a_shape, (self.groups * blocks, size, size)
+
+    def to_matrices(self, gradient):
+        """A kernel-shaped tensor as `(groups, a_dim, g_dim)`."""
+        return ops.reshape(gradient, (1, self.a_dim, self.g_dim))
+
+    def from_matrices(self, matrices):
+        """The inverse of `to_matrices`."""
+        return ops.reshape(matrices, self.kernel.shape)
+
+    def inverses(self, statistics, damping, split_dim, a_inverse, g_inverse):
+        """`(A⁻¹, G⁻¹, trouble)` from averaged `(A, G, c)`; the current
+        inverses are kept where the new ones are not usable."""
+        a, g, factor_scale = statistics
+        return factor_inverses(
+            a,
+            g,
+            factor_scale,
+            self.a_is_diagonal,
+            damping,
+            split_dim,
+            a_inverse,
+            g_inverse,
+        )
+
+    def precondition(self, gradient, a_inverse, g_inverse, damping, batch_size):
+        """`A⁻¹ · g · G⁻¹`, group by group, in the kernel's shape."""
+        matrices = self.to_matrices(gradient)
+        return self.from_matrices(
+            kronecker_precondition(matrices, a_inverse, g_inverse)
+        )
+
+
+class DenseKronecker(KroneckerBlock):
+    """`keras.layers.Dense`: `A = XᵀX / rows`, `G = DᵀD / rows`.
+
+    All leading axes of the inputs are rows (examples, sequence
+    positions). The only block with the factored order.
+    """
+
+    factored = True
+
+    def __init__(self, layer, kernel):
+        d_in, d_out = kernel.shape
+        super().__init__(layer, kernel, 1, d_in, d_out)
+
+    def statistics(self, inputs, sample_output_grads):
+        a_sum, g_sum, rows = dense_statistics(inputs, sample_output_grads)
+        return a_sum[None], g_sum[None], rows, 1.0
+
+    def factored_gradient(self, inputs, output_grads, a_inverse, g_inverse):
+        """`(A⁻¹Xᵀ)(D·G⁻¹)`: `A⁻¹ · g · G⁻¹` of one call without `g`."""
+        rows = ops.reshape(ops.cast(inputs, "float32"), (-1, self.a_dim))
+        grads = ops.reshape(ops.cast(output_grads, "float32"), (-1, self.g_dim))
+        return factored_precondition(rows, grads, a_inverse, g_inverse)
+
+
+class EinsumDenseKronecker(KroneckerBlock):
+    """`keras.layers.EinsumDense` (MultiHeadAttention's projections).
+
+    The equation's kernel axes are contracted input axes or free output
+    axes; the kernel reads as the matrix `(contracted, free)` and the
+    layer is a Dense layer on rows of the remaining (batch) axes.
+    """
+
+    def __init__(self, layer, kernel, layout):
+        self.layout = layout
+        super().__init__(layer, kernel, 1, *layout.dims(kernel.shape))
+
+    def statistics(self, inputs, sample_output_grads):
+        a_sum, g_sum, rows = dense_statistics(
+            self.layout.input_rows(inputs),
+            self.layout.output_rows(sample_output_grads),
+        )
+        return a_sum[None], g_sum[None], rows, 1.0
+
+    def to_matrices(self, gradient):
+        return self.layout.kernel_matrix(gradient)[None]
+
+    def from_matrices(self, matrices):
+        return self.layout.kernel_from_matrix(matrices[0], self.kernel.shape)
+
+
+class ConvKronecker(KroneckerBlock):
+    """A 1-, 2- or 3-D convolution, grouped or depthwise.
+
+    `A_j` from the im2col patches of group `j`'s input channels (the
+    layer's own padding, strides and dilation), `G_j` from its output
+    channels' gradients, one row per (example, output position), and
+    MindSpore's `√T` split: `(√T·A_j + √λ·I)⁻¹`, `(√T·G_j + √λ·I)⁻¹`.
+    A depthwise convolution is the grouped one with a group per input
+    channel.
+    """
+
+    def __init__(self, layer, kernel, options, groups, depthwise):
+        self.options = options
+        self.depthwise = depthwise
+        *window, channels, outputs = kernel.shape
+        positions = 1
+        for size in window:
+            positions *= size
+        if depthwise:  # (k.., C, m): a group per input channel.
+            a_dim, g_dim = positions, outputs
+        else:  # (k.., C_in / groups, C_out).
+            a_dim, g_dim = positions * channels, outputs // groups
+        super().__init__(layer, kernel, groups, a_dim, g_dim)
+
+    def statistics(self, inputs, sample_output_grads):
+        data_format = self.options["data_format"]
+        inputs = _channels_last(inputs, data_format)
+        grads = _channels_last(sample_output_grads, data_format)
+        a_sums, g_sums, rows = grouped_conv_statistics(
+            inputs,
+            grads,
+            self.options["kernel_size"],
+            self.options["strides"],
+            self.options["dilation_rate"],
+            self.options["padding"],
+            self.groups,
+        )
+        return a_sums, g_sums, rows, conv_factor_scale(grads)
+
+    def to_matrices(self, gradient):
+        return grouped_kernel_matrices(gradient, self.groups, self.depthwise)
+
+    def from_matrices(self, matrices):
+        return kernel_from_grouped_matrices(
+            matrices, self.kernel.shape, self.groups, self.depthwise
+        )
+
+
+class EmbeddingKronecker(KroneckerBlock):
+    """`keras.layers.Embedding`: the Dense rule on one-hot ids, whose `A`
+    is the diagonal of token counts: `diag(1 / (a + √λ)) · g · G⁻¹`."""
+
+    a_is_diagonal = True
+
+    def __init__(self, layer, kernel):
+        vocabulary, width = kernel.shape
+        super().__init__(layer, kernel, 1, vocabulary, width)
+
+    def statistics(self, inputs, sample_output_grads):
+        counts, g_sum, rows = embedding_statistics(
+            inputs, sample_output_grads, self.a_dim
+        )
+        return counts, g_sum[None], rows, 1.0
+
+    def precondition(self, gradient, a_inverse, g_inverse, damping, batch_size):
+        return diagonal_kronecker_precondition(gradient, a_inverse, g_inverse)
+
+
+class NormalizationDiagonal:
+    """MindSpore's LayerNorm rule `g / (g² / N + √λ)`, every step, no state.
+
+    For the scale and offset of LayerNormalization.
+    """
+
+    def __init__(self, layer):
+        self.layer = layer
+
+    def precondition(self, gradient, a_inverse, g_inverse, damping, batch_size):
+        return layer_norm_precondition(gradient, damping, batch_size)

@@ -1,0 +1,300 @@
+"""THOR's curvature rules: which layers get which block, and the coverage.
+
+A layer gets curvature by its Keras class: `Dense`, `EinsumDense` (so
+MultiHeadAttention's projections), `Conv1D`/`Conv2D`/`Conv3D` (grouped
+too), `DepthwiseConv1D`/`DepthwiseConv2D`, `SeparableConv1D`/
+`SeparableConv2D` (two blocks), `Embedding`, and the scale and offset of
+`LayerNormalization` (MindSpore's diagonal rule). Batch and group
+normalization keep the plain gradient, as in MindSpore's THOR. A user's
+subclass of one of these gets the same curvature when it keeps the class's
+`call`; one that overrides `call` computes something THOR cannot know, and
+stays first-order (named in the coverage report). Layers inside layers
+(MultiHeadAttention's projections, a custom layer's Dense) are found by
+walking the model's layers.
+
+`attach_curvature(model)` marks every preconditioned variable with its
+block (what `THOR.build` reads) and hooks the layers whose calls THOR
+records; `curvature_coverage(model)` reports what is and is not covered.
+"""
+
+import functools
+
+import keras
+from keras import ops
+
+from keras_thor.src import keras_internals
+from keras_thor.src.thor import capture
+from keras_thor.src.thor.blocks import ConvKronecker
+from keras_thor.src.thor.blocks import DenseKronecker
+from keras_thor.src.thor.blocks import EinsumDenseKronecker
+from keras_thor.src.thor.blocks import EmbeddingKronecker
+from keras_thor.src.thor.blocks import NormalizationDiagonal
+from keras_thor.src.thor.einsum_layout import UnsupportedEinsumError
+from keras_thor.src.thor.einsum_layout import einsum_layout
+
+_PRECONDITIONER = "_keras_thor_preconditioner"
+_CURVATURE = "_keras_thor_curvature"
+
+CONVOLUTIONS = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)
+DEPTHWISE = (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)
+SEPARABLE = (keras.layers.SeparableConv1D, keras.layers.SeparableConv2D)
+SUPPORTED = (
+    keras.layers.Dense,
+    keras.layers.EinsumDense,
+    *CONVOLUTIONS,
+    *DEPTHWISE,
+    *SEPARABLE,
+    keras.layers.Embedding,
+    keras.layers.LayerNormalization,
+)
+# MindSpore's THOR gives these the plain gradient (ResNet-50's BNs).
+PLAIN_BY_RULE = (
+    keras.layers.BatchNormalization,
+    keras.layers.GroupNormalization,
+)
+
+
+class LayerCurvature:
+    """What THOR does with one layer's own trainable variables.
+
+    Attributes:
+        layer: The layer.
+        preconditioners: `{variable path: block or NormalizationDiagonal}`.
+        reason: Why the layer's variables stay first-order (`None` when
+            THOR preconditions some of them).
+        capture_call: What the layer runs in place of its `call` while
+            THOR records (see `capture.hook_layer`), or `None`.
+    """
+
+    def __init__(self, layer, preconditioners, reason=None, capture_call=None):
+        self.layer = layer
+        self.preconditioners = preconditioners
+        self.reason = reason
+        self.capture_call = capture_call
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _trainable_variable(layer, value, what):
+    if not isinstance(value, keras.Variable):
+        raise _Unsupported(f"its {what} is not a variable (LoRA or quantized)")
+    if not value.trainable:
+        raise _Unsupported(f"its {what} is not trainable")
+    return value
+
+
+def _keeps_call_of(layer, classes):
+    """The class among `classes` whose `call` the layer runs, else raises."""
+    for cls in classes:
+        if isinstance(layer, cls):
+            if type(layer).call is not cls.call:
+                raise _Unsupported(
+                    f"{type(layer).__name__} overrides `call` of {cls.__name__}"
+                )
+            return cls
+    raise _Unsupported("no curvature rule for its class")
+
+
+def _record_outputs(layer, args, kwargs, capture_, block):
+    outputs = type(layer).call(layer, *args, **kwargs)
+    capture_.record(block, capture.call_inputs(args, kwargs), outputs)
+    return outputs
+
+
+def _separable_call(layer, args, kwargs, capture_, depthwise, pointwise):
+    """SeparableConv's depthwise and pointwise convolutions apart, so that
+    the tensor between them is recorded (the output of one block, the
+    input of the other)."""
+    if not (capture_.wants(depthwise) or capture_.wants(pointwise)):
+        return type(layer).call(layer, *args, **kwargs)
+    inputs = capture.call_inputs(args, kwargs)
+    middle = ops.depthwise_conv(
+        inputs,
+        layer.depthwise_kernel,
+        strides=layer.strides,
+        padding=layer.padding,
+        dilation_rate=layer.dilation_rate,
+        data_format=layer.data_format,
+    )
+    outputs = ops.conv(
+        middle, layer.pointwise_kernel, data_format=layer.data_format
+    )
+    if layer.use_bias:
+        rank = len(layer.kernel_size)
+        if layer.data_format == "channels_last":
+            shape = (1,) * (rank + 1) + (layer.filters,)
+        else:
+            shape = (1, layer.filters) + (1,) * rank
+        outputs = ops.add(outputs, ops.reshape(layer.bias, shape))
+    capture_.record(depthwise, inputs, middle)
+    capture_.record(pointwise, middle, outputs)
+    return layer.activation(outputs)
+
+
+def _conv_options(layer, **overrides):
+    options = {
+        "kernel_size": tuple(layer.kernel_size),
+        "strides": tuple(layer.strides),
+        "dilation_rate": tuple(layer.dilation_rate),
+        "padding": layer.padding,
+        "data_format": layer.data_format,
+    }
+    options.update(overrides)
+    return options
+
+
+def _blocks(layer):
+    """`(blocks, capture_call)` of a layer with Kronecker curvature."""
+    if isinstance(layer, keras.layers.Dense):
+        _keeps_call_of(layer, (keras.layers.Dense,))
+        kernel = _trainable_variable(layer, layer.kernel, "kernel")
+        block = DenseKronecker(layer, kernel)
+        return [block], functools.partial(
+            capture.run_recording_pre_activation, block=block
+        )
+    if isinstance(layer, keras.layers.EinsumDense):
+        _keeps_call_of(layer, (keras.layers.EinsumDense,))
+        kernel = _trainable_variable(layer, layer.kernel, "kernel")
+        shape = keras_internals.built_input_shape(layer)
+        if shape is None:
+            raise _Unsupported("its input rank is unknown")
+        try:
+            layout = einsum_layout(layer.equation, len(shape))
+        except UnsupportedEinsumError as error:
+            raise _Unsupported(str(error)) from None
+        block = EinsumDenseKronecker(layer, kernel, layout)
+        return [block], functools.partial(
+            capture.run_recording_pre_activation, block=block
+        )
+    if isinstance(layer, CONVOLUTIONS):
+        _keeps_call_of(layer, CONVOLUTIONS)
+        kernel = _trainable_variable(layer, layer.kernel, "kernel")
+        block = ConvKronecker(
+            layer, kernel, _conv_options(layer), layer.groups, False
+        )
+        return [block], functools.partial(
+            capture.run_recording_pre_activation, block=block
+        )
+    if isinstance(layer, DEPTHWISE):
+        _keeps_call_of(layer, DEPTHWISE)
+        kernel = _trainable_variable(layer, layer.kernel, "kernel")
+        block = ConvKronecker(
+            layer, kernel, _conv_options(layer), kernel.shape[-2], True
+        )
+        return [block], functools.partial(
+            capture.run_recording_pre_activation, block=block
+        )
+    if isinstance(layer, SEPARABLE):
+        _keeps_call_of(layer, SEPARABLE)
+        depthwise_kernel = _trainable_variable(
+            layer, layer.depthwise_kernel, "depthwise kernel"
+        )
+        pointwise_kernel = _trainable_variable(
+            layer, layer.pointwise_kernel, "pointwise kernel"
+        )
+        depthwise = ConvKronecker(
+            layer,
+            depthwise_kernel,
+            _conv_options(layer),
+            depthwise_kernel.shape[-2],
+            True,
+        )
+        ones = (1,) * len(layer.kernel_size)
+        pointwise = ConvKronecker(
+            layer,
+            pointwise_kernel,
+            _conv_options(
+                layer,
+                kernel_size=ones,
+                strides=ones,
+                dilation_rate=ones,
+                padding="valid",
+            ),
+            1,
+            False,
+        )
+        return [depthwise, pointwise], functools.partial(
+            _separable_call, depthwise=depthwise, pointwise=pointwise
+        )
+    if isinstance(layer, keras.layers.Embedding):
+        _keeps_call_of(layer, (keras.layers.Embedding,))
+        table = _trainable_variable(layer, layer.embeddings, "table")
+        block = EmbeddingKronecker(layer, table)
+        return [block], functools.partial(_record_outputs, block=block)
+    raise _Unsupported("no curvature rule for its class")
+
+
+def own_trainable_variables(layer):
+    """The trainable variables `layer` holds itself (not its sublayers')."""
+    inner = {
+        id(v)
+        for sublayer in keras_internals.sublayers(layer, recursive=False)
+        for v in sublayer.trainable_variables
+    }
+    return [v for v in layer.trainable_variables if id(v) not in inner]
+
+
+def layer_curvature(layer):
+    """THOR's `LayerCurvature` of `layer`: the one attached to it, if any
+    (see `attach_curvature`), else what it would be."""
+    known = getattr(layer, _CURVATURE, None)
+    if known is not None:
+        return known
+    if isinstance(layer, PLAIN_BY_RULE):
+        curvature = LayerCurvature(
+            layer,
+            {},
+            "MindSpore's rule gives normalization layers other "
+            "than LayerNormalization the plain gradient",
+        )
+    elif isinstance(layer, keras.layers.LayerNormalization):
+        rule = NormalizationDiagonal(layer)
+        preconditioners = {
+            v.path: rule for v in (layer.gamma, layer.beta) if v is not None
+        }
+        curvature = LayerCurvature(layer, preconditioners)
+        if not preconditioners:
+            curvature.reason = "no scale or offset"
+    else:
+        try:
+            blocks, capture_call = _blocks(layer)
+        except _Unsupported as error:
+            curvature = LayerCurvature(layer, {}, str(error))
+        else:
+            curvature = LayerCurvature(
+                layer,
+                {block.kernel.path: block for block in blocks},
+                capture_call=capture_call,
+            )
+    return curvature
+
+
+def model_layers(model):
+    """Every layer inside `model`, nested models' and layers' included."""
+    return keras_internals.sublayers(model, recursive=True)
+
+
+def attach_curvature(model):
+    """Gives every layer of `model` its curvature rule and marks the
+    preconditioned variables (what `THOR.build` reads).
+
+    A layer keeps the rule it was first given (a layer shared by two
+    models keeps the blocks the first model's THOR holds).
+    """
+    for layer in model_layers(model):
+        curvature = layer_curvature(layer)
+        if getattr(layer, _CURVATURE, None) is None:
+            object.__setattr__(layer, _CURVATURE, curvature)
+            if curvature.capture_call is not None:
+                capture.hook_layer(layer, curvature.capture_call)
+        for variable in own_trainable_variables(layer):
+            preconditioner = curvature.preconditioners.get(variable.path)
+            if preconditioner is not None:
+                setattr(variable, _PRECONDITIONER, preconditioner)
+
+
+def preconditioner_of(variable):
+    """The block (or diagonal rule) of a marked variable, else `None`."""
+    return getattr(variable, _PRECONDITIONER, None)
