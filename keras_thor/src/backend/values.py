@@ -5,7 +5,7 @@ from keras import ops
 
 
 def numpy_value(variable):
-    """`variable`'s value as a NumPy array.
+    """A copy of `variable`'s value as a NumPy array.
 
     `ops.convert_to_numpy` goes through `__array__` without NumPy 2's
     `copy` keyword on TensorFlow variables and tensors, JAX variables and
@@ -15,10 +15,10 @@ def numpy_value(variable):
         variable = variable.value
     backend = keras.backend.backend()
     if backend == "tensorflow":
-        return ops.convert_to_tensor(variable).numpy()
+        return ops.convert_to_tensor(variable).numpy().copy()
     if backend == "torch":
         variable = variable.detach().cpu()
         if str(variable.dtype) == "torch.bfloat16":
             variable = variable.float()
-        return variable.numpy()
-    return ops.convert_to_numpy(variable)
+        return variable.numpy().copy()
+    return ops.convert_to_numpy(variable).copy()
