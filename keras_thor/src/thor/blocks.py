@@ -65,10 +65,6 @@ class KroneckerBlock:
         self.a_dim = a_dim
         self.g_dim = g_dim
 
-    @property
-    def name(self):
-        return self.kernel.path
-
     def inverse_shapes(self, split_dim):
         """The shapes of the stored `A⁻¹` and `G⁻¹`."""
         if self.a_is_diagonal:

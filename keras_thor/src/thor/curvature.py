@@ -77,7 +77,7 @@ class _Unsupported(Exception):
     pass
 
 
-def _trainable_variable(layer, value, what):
+def _trainable_variable(value, what):
     if not isinstance(value, keras.Variable):
         raise _Unsupported(f"its {what} is not a variable (LoRA or quantized)")
     if not value.trainable:
@@ -149,14 +149,14 @@ def _blocks(layer):
     """`(blocks, capture_call)` of a layer with Kronecker curvature."""
     if isinstance(layer, keras.layers.Dense):
         _keeps_call_of(layer, (keras.layers.Dense,))
-        kernel = _trainable_variable(layer, layer.kernel, "kernel")
+        kernel = _trainable_variable(layer.kernel, "kernel")
         block = DenseKronecker(layer, kernel)
         return [block], functools.partial(
             capture.run_recording_pre_activation, block=block
         )
     if isinstance(layer, keras.layers.EinsumDense):
         _keeps_call_of(layer, (keras.layers.EinsumDense,))
-        kernel = _trainable_variable(layer, layer.kernel, "kernel")
+        kernel = _trainable_variable(layer.kernel, "kernel")
         shape = keras_internals.built_input_shape(layer)
         if shape is None:
             raise _Unsupported("its input rank is unknown")
@@ -170,7 +170,7 @@ def _blocks(layer):
         )
     if isinstance(layer, CONVOLUTIONS):
         _keeps_call_of(layer, CONVOLUTIONS)
-        kernel = _trainable_variable(layer, layer.kernel, "kernel")
+        kernel = _trainable_variable(layer.kernel, "kernel")
         block = ConvKronecker(
             layer, kernel, _conv_options(layer), layer.groups, False
         )
@@ -179,7 +179,7 @@ def _blocks(layer):
         )
     if isinstance(layer, DEPTHWISE):
         _keeps_call_of(layer, DEPTHWISE)
-        kernel = _trainable_variable(layer, layer.kernel, "kernel")
+        kernel = _trainable_variable(layer.kernel, "kernel")
         block = ConvKronecker(
             layer, kernel, _conv_options(layer), kernel.shape[-2], True
         )
@@ -189,10 +189,10 @@ def _blocks(layer):
     if isinstance(layer, SEPARABLE):
         _keeps_call_of(layer, SEPARABLE)
         depthwise_kernel = _trainable_variable(
-            layer, layer.depthwise_kernel, "depthwise kernel"
+            layer.depthwise_kernel, "depthwise kernel"
         )
         pointwise_kernel = _trainable_variable(
-            layer, layer.pointwise_kernel, "pointwise kernel"
+            layer.pointwise_kernel, "pointwise kernel"
         )
         depthwise = ConvKronecker(
             layer,
@@ -220,7 +220,7 @@ def _blocks(layer):
         )
     if isinstance(layer, keras.layers.Embedding):
         _keeps_call_of(layer, (keras.layers.Embedding,))
-        table = _trainable_variable(layer, layer.embeddings, "table")
+        table = _trainable_variable(layer.embeddings, "table")
         block = EmbeddingKronecker(layer, table)
         return [block], functools.partial(_record_outputs, block=block)
     raise _Unsupported("no curvature rule for its class")
