@@ -16,8 +16,8 @@ from keras import ops
 from keras_thor.src import keras_internals
 from keras_thor.src.backend.values import numpy_value
 from keras_thor.src.distribute import replicas
-from keras_thor.src.distribute import train_step as train_step_parts
 from keras_thor.src.distribute.train_step import apply_gradients
+from keras_thor.src.distribute.train_step import examples as batch_examples
 from keras_thor.src.distribute.train_step import keras_train_step
 from keras_thor.src.distribute.train_step import reduce_logs
 from keras_thor.src.distribute.train_step import scaled_training_loss
@@ -170,7 +170,7 @@ def train_step(model, data, refresh):
         )
         if refresh:
             loss_scale = ops.cast(model.optimizer.scale_loss(1.0), "float32")
-            examples = train_step_parts.examples(x) * replicas.replica_count()
+            examples = batch_examples(x) * replicas.replica_count()
             sample_scale = ops.cast(examples, "float32") / loss_scale
             thor.refresh_curvature(
                 curvature_statistics(thor, calls, output_grads, sample_scale)
