@@ -18,8 +18,12 @@ rounds: SGD momentum, THOR's non-refresh step, THOR's refresh step, and the
 mean step at frequency 100 (one refresh per 100 steps); then the refresh
 step split into capture / inverse / precondition (each piece timed alone as
 a traced function), and THOR's state memory against SGD momentum's.
+With `--options`, the same refresh and non-refresh steps and refresh split
+for each curvature option beyond MindSpore's rule (`OPTIONS`), against the
+rule itself.
 
     python benchmarks/thor_step_cost.py [--models mlp cnn] [--rounds 5]
+        [--options]
 """
 
 import argparse
@@ -276,17 +280,78 @@ def benchmark(model_name, rounds):
     )
 
 
+# Each curvature option alone, then the recommended setting; `rows` is a
+# quarter of the batch.
+OPTIONS = {
+    "MindSpore's rule": {},
+    "statistics_rows=batch/4": {"statistics_rows": "rows"},
+    "factor_decay=0.95": {"factor_decay": 0.95},
+    'fisher="sampled"': {"fisher": "sampled"},
+    "kl_clip=0.01": {"kl_clip": 0.01},
+    "THOR.recommended()": dict(keras_thor.optimizers.THOR.RECOMMENDED),
+}
+
+
+def options_report(model_name, rounds):
+    """Refresh and non-refresh step times and the refresh split of each
+    entry of `OPTIONS` (refreshing every 2 steps, learning rate 0.01)."""
+    setup = SETUPS[model_name]
+    batch = setup["batch"]
+    x, _, y, _ = digits(0, setup["images"])
+    runs = {}
+    for name, options in OPTIONS.items():
+        options = {
+            key: batch // 4 if value == "rows" else value
+            for key, value in options.items()
+        }
+        options.setdefault("damping", setup["damping"])
+        options.update(learning_rate=0.01, momentum=0.9, frequency=2)
+        optimizer = keras_thor.optimizers.THOR(batch_size=batch, **options)
+        runs[name] = _model(setup, optimizer)
+    for model in runs.values():  # trace, compile, warm up
+        _fit(model, x, y, batch, 1)
+    timers = {name: StepTimer() for name in runs}
+    for _ in range(rounds):
+        for name, model in runs.items():
+            _fit(model, x, y, batch, 1, timers[name])
+    print(f"\n{model_name}: curvature options, batch {batch}, {rounds} rounds")
+    print(
+        f"  {'option':<26}{'refresh':>9}{'plain':>8}{'capture':>9}"
+        f"{'inverse':>9}{'precond.':>9}  (ms; split: each piece alone)"
+    )
+    for name, model in runs.items():
+        timer = timers[name]
+        refresh = _median_step(timer, lambda s: s % 2 == 0)
+        plain = _median_step(timer, lambda s: s % 2 == 1)
+        capture_s, inverse_s, precondition_s = refresh_pieces(
+            model, x[:batch], y[:batch]
+        )
+        print(
+            f"  {name:<26}{1e3 * refresh:9.2f}{1e3 * plain:8.2f}"
+            f"{1e3 * capture_s:9.2f}{1e3 * inverse_s:9.2f}"
+            f"{1e3 * precondition_s:9.2f}"
+        )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["mlp", "cnn"])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--options",
+        action="store_true",
+        help="the curvature options' step costs instead",
+    )
     args = parser.parse_args()
     print(
         f"keras {keras.__version__}, backend {keras.backend.backend()}, "
         f"{os.cpu_count()} CPUs"
     )
     for model_name in args.models:
-        benchmark(model_name, args.rounds)
+        if args.options:
+            options_report(model_name, args.rounds)
+        else:
+            benchmark(model_name, args.rounds)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ TENSORFLOW_MODULES = {
     "src/backend/memory_update.py",
     "src/backend/patches.py",
     "src/backend/single_device.py",
+    "src/backend/stateless_random.py",
     "src/distribute/replicas.py",
     "src/distribute/strategies.py",
     "src/distribute/train_step.py",

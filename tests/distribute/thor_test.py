@@ -1,6 +1,13 @@
 """THOR under MirroredStrategy: 2 and 4 replicas equal one device, with
-clipping after the all-reduce, inverse spreading, reduction buckets and
-BackupAndRestore."""
+clipping after the all-reduce, inverse spreading, reduction buckets,
+BackupAndRestore and the curvature options.
+
+Moving averages of the factors, statistics between refreshes and the
+step-size guard use all-reduced statistics and gradients: the training
+equals one device's. The sampled Fisher draws each replica's targets from
+its own seed `(step, replica)`, so two replicas draw other targets than one
+device: there the replicas must agree with each other and train.
+"""
 
 import contextlib
 
@@ -17,7 +24,7 @@ pytestmark = pytest.mark.multi_device
 STEPS_PER_EPOCH = 4
 
 
-def _model(strategy=None, layers=2, **thor_args):
+def _model(strategy=None, layers=2, run_eagerly=False, **thor_args):
     scope = strategy.scope() if strategy else contextlib.nullcontext()
     with scope:
         keras.utils.set_random_seed(0)
@@ -39,6 +46,7 @@ def _model(strategy=None, layers=2, **thor_args):
                 **thor_args,
             ),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            run_eagerly=run_eagerly,
         )
     return model
 
@@ -192,3 +200,39 @@ def test_spread_inverses_with_a_replica_id_known_only_at_run_time(
     helpers.assert_replicas_identical(
         mirrored.optimizer.variables + mirrored.weights
     )
+
+
+OPTIONS = dict(factor_decay=0.8, statistics_frequency=1, kl_clip=1e-3)
+
+
+def test_averaging_and_guard_on_two_replicas_equal_one_device():
+    single = _model(run_eagerly=True, **OPTIONS)  # faster than tracing
+    single_history = _fit(single)
+    mirrored = _model(helpers.mirrored_strategy(2), **OPTIONS)
+    mirrored_history = _fit(mirrored)
+    assert min(single_history.history["thor_guard_scale"]) < 1.0
+    for name in ("loss", "thor_guard_scale", "thor_refreshes"):
+        np.testing.assert_allclose(
+            mirrored_history.history[name],
+            single_history.history[name],
+            rtol=1e-5,
+            err_msg=name,
+        )
+    helpers.assert_same_training_state(mirrored, single, atol=1e-5)
+    helpers.assert_replicas_identical(
+        mirrored.optimizer.variables + mirrored.weights
+    )
+
+
+def test_sampled_fisher_on_two_replicas_trains_and_replicas_agree():
+    options = dict(OPTIONS, fisher="sampled", statistics_rows=6)
+    mirrored = _model(helpers.mirrored_strategy(2), **options)
+    history = _fit(mirrored)
+    losses = history.history["loss"]
+    assert losses[-1] < losses[0]
+    thor = mirrored.optimizer
+    assert thor.curvature_troubles == 0
+    assert all(np.isfinite(w).all() for w in helpers.weights_of(mirrored))
+    assert all(np.isfinite(v).all() for v in helpers.optimizer_state(thor))
+    # The replicas drew other targets but share the reduced statistics.
+    helpers.assert_replicas_identical(thor.variables + mirrored.weights)

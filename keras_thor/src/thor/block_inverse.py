@@ -95,6 +95,27 @@ def damped_block_inverse(factor, damping, split_dim):
     return ops.cond(fell_back, more_damped, lambda: inverse), fell_back
 
 
+def damped_inverse_of_blocks(blocks, damping):
+    """`(blocks + damping · I)⁻¹` of stored diagonal blocks `(n, s, s)`, and
+    whether it needed a fallback.
+
+    As `damped_block_inverse`, for factors kept as their diagonal blocks
+    (`THOR(factor_decay=...)`): a block that is not numerically positive
+    definite is damped again with the mean diagonal of all blocks added.
+    """
+    blocks = ops.convert_to_tensor(blocks)
+    identity = ops.eye(blocks.shape[-1], dtype=blocks.dtype)
+    inverse = inverse_via_cholesky(blocks + damping * identity)
+    fell_back = ops.logical_not(is_finite(inverse))
+
+    def more_damped():
+        diagonal = ops.diagonal(blocks, axis1=-2, axis2=-1)
+        shift = damping + ops.abs(ops.mean(diagonal))
+        return inverse_via_cholesky(blocks + shift * identity)
+
+    return ops.cond(fell_back, more_damped, lambda: inverse), fell_back
+
+
 def multiply_left(blocks, matrices):
     """`blockdiag(blocks) @ matrix` for each group's matrix.
 

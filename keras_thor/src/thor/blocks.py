@@ -20,10 +20,12 @@ Notation:
 from keras import ops
 
 from keras_thor.src.thor.block_inverse import block_layout
+from keras_thor.src.thor.block_inverse import diagonal_blocks
 from keras_thor.src.thor.conv_statistics import conv_factor_scale
 from keras_thor.src.thor.conv_statistics import grouped_conv_statistics
 from keras_thor.src.thor.conv_statistics import grouped_kernel_matrices
 from keras_thor.src.thor.conv_statistics import kernel_from_grouped_matrices
+from keras_thor.src.thor.factor_inverses import block_factor_inverses
 from keras_thor.src.thor.factor_inverses import factor_inverses
 from keras_thor.src.thor.preconditioning import diagonal_kronecker_precondition
 from keras_thor.src.thor.preconditioning import factored_precondition
@@ -94,6 +96,29 @@ class KroneckerBlock:
             self.a_is_diagonal,
             damping,
             split_dim,
+            a_inverse,
+            g_inverse,
+        )
+
+    def factor_blocks(self, statistics, split_dim):
+        """`(c·A_j, c·G_j)` from averaged `(A, G, c)`, cut into the blocks
+        the inverses are made of (a diagonal `A` stays a vector)."""
+        a, g, factor_scale = statistics
+        a = ops.cast(a, "float32")
+        g = ops.cast(g, "float32")
+        if not self.a_is_diagonal:
+            a = diagonal_blocks(factor_scale * a, split_dim)
+        return a, diagonal_blocks(factor_scale * g, split_dim)
+
+    def inverses_of_blocks(
+        self, a_blocks, g_blocks, damping, a_inverse, g_inverse
+    ):
+        """`(A⁻¹, G⁻¹, trouble)` from stored `factor_blocks`."""
+        return block_factor_inverses(
+            a_blocks,
+            g_blocks,
+            self.a_is_diagonal,
+            damping,
             a_inverse,
             g_inverse,
         )

@@ -19,12 +19,16 @@ from keras_thor.src.thor import capture
 from keras_thor.src.thor import update
 from keras_thor.src.thor.blocks import KroneckerBlock
 from keras_thor.src.thor.curvature import preconditioner_of
+from keras_thor.src.thor.factor_averaging import average_weight
+from keras_thor.src.thor.factor_averaging import averaged_factor
 from keras_thor.src.thor.inverse_placement import inverse_owners
 from keras_thor.src.thor.inverse_placement import inversion_cost
 from keras_thor.src.thor.preconditioning import factored_is_cheaper
 from keras_thor.src.utils import validation
+from keras_thor.src.utils.finite import all_finite
 
 _fused_thor_updates = fused(update.thor_updates)
+FISHER_KINDS = ("empirical", "sampled")
 # Faster at 2 and 4 CPU replicas (docs/benchmarks.md, "THOR's reductions").
 SPREAD_INVERSES_DEFAULT = True
 
@@ -91,6 +95,62 @@ def _check_split_indices(split_indices):
     return indices
 
 
+def _check_options(
+    *,
+    factor_decay,
+    frequency,
+    statistics_frequency,
+    statistics_rows,
+    fisher,
+    kl_clip,
+):
+    """Validates the curvature options beyond MindSpore's rule; returns
+    `(factor_decay, statistics_frequency, statistics_rows, kl_clip)`."""
+    if factor_decay is not None:
+        factor_decay = validation.check_float("factor_decay", factor_decay)
+        if not 0.0 <= factor_decay < 1.0:
+            raise ValueError(
+                "Argument `factor_decay` must be in [0, 1) or None. "
+                f"Received: factor_decay={factor_decay}"
+            )
+    if statistics_frequency is not None:
+        statistics_frequency = validation.check_int(
+            "statistics_frequency", statistics_frequency, 1
+        )
+        if frequency % statistics_frequency:
+            raise ValueError(
+                "Argument `statistics_frequency` must divide `frequency` "
+                "(the inverses are refreshed on a statistics step). "
+                f"Received: statistics_frequency={statistics_frequency}, "
+                f"frequency={frequency}"
+            )
+        if statistics_frequency < frequency and factor_decay is None:
+            raise ValueError(
+                "Statistics between refreshes only count when they are "
+                "averaged: set `factor_decay` (e.g. 0.95) with "
+                "`statistics_frequency`. Received: "
+                f"statistics_frequency={statistics_frequency}, "
+                "factor_decay=None"
+            )
+    if statistics_rows is not None:
+        statistics_rows = validation.check_int(
+            "statistics_rows", statistics_rows, 1
+        )
+    if fisher not in FISHER_KINDS:
+        raise ValueError(
+            f"Argument `fisher` must be one of {FISHER_KINDS}. "
+            f"Received: fisher={fisher!r}"
+        )
+    if kl_clip is not None:
+        kl_clip = validation.check_float("kl_clip", kl_clip)
+        if kl_clip <= 0:
+            raise ValueError(
+                "Argument `kl_clip` must be > 0 or None. "
+                f"Received: kl_clip={kl_clip}"
+            )
+    return factor_decay, statistics_frequency, statistics_rows, kl_clip
+
+
 @keras_thor_export
 @with_base_keyword_args
 class THOR(BatchedUpdate, ReferenceOptimizer):
@@ -110,6 +170,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
     every `frequency` steps (t = 0, f, 2f, ...), per layer:
         A⁻¹ = blocks of (c·A + √λ_t·I)⁻¹,  G⁻¹ = blocks of (c·G + √λ_t·I)⁻¹
     d = A⁻¹ · g · G⁻¹                  (LayerNorm: g / (g²/N + √λ_t))
+    d = ν · d                          (kernels with curvature)
     d = d + weight_decay · w           where decay_filter(w)
     d = d · min(1, 1 / ‖d‖)            if enable_clip_grad
     v = momentum · v + d
@@ -126,6 +187,20 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         - `c`: `√T` for a convolution with `T` output positions, else 1.
         - `λ_t`, `lr_t`: the damping and learning rate of step `t`;
           `N`: `batch_size`; blocks are `split_dim` wide.
+        - `ν`: the step-size guard, 1 unless `kl_clip` is set:
+          `ν = min(1, sqrt(kl_clip / |lr_t² · Σ ⟨d, g⟩|))`, the sum over the
+          kernels with curvature (kfac-pytorch's KL clip).
+
+    MindSpore's rule is the default. The options beyond it (from kfac-jax
+    and kfac-pytorch; docs/thor.md gives their sources and measured
+    effect): `factor_decay` keeps moving averages of the factors
+    (`A ← A + (A_new − A) / W`, `W ← α·W + 1`, see
+    `keras_thor.src.thor.factor_averaging`) and inverts those;
+    `statistics_frequency` gathers statistics more often than it inverts;
+    `statistics_rows` takes them from the first rows of each batch only;
+    `fisher="sampled"` takes `G` from targets drawn from the model's
+    predictive distribution; `kl_clip` scales the step by `ν`.
+    `THOR.recommended()` is a starting point for any model.
 
     Train with `keras_thor.models.ThorModel` (what `convert_to_thor_model`
     returns): its training step captures the statistics on refresh steps
@@ -163,6 +238,27 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             steps. Defaults to `100`.
         split_dim: Integer > 0: the block size of the block-diagonal
             inverses. Defaults to `128`.
+        factor_decay: `None` (MindSpore: each refresh overwrites the
+            factors with one batch's) or a float `α` in [0, 1): the factors
+            are moving averages over the statistics steps, the first one
+            the first batch's (kfac-jax's normalized average; kfac-pytorch
+            starts from the identity). Defaults to `None`.
+        statistics_frequency: `None` (statistics on refresh steps only) or
+            an integer >= 1 dividing `frequency`: gather statistics every
+            `statistics_frequency` steps and invert every `frequency`
+            (kfac-jax: 1 and 5). Needs `factor_decay`. Defaults to `None`.
+        statistics_rows: `None` (the whole batch) or an integer >= 1: the
+            statistics use only the first `statistics_rows` examples of
+            each replica's batch. Defaults to `None`.
+        fisher: `"empirical"` (MindSpore: `G` from the gradients of the
+            loss at the data's labels) or `"sampled"` (at targets drawn
+            from the model's predictive distribution, one per example;
+            for cross-entropy and mean squared error losses, see
+            `keras_thor.src.thor.sampled_fisher`). Defaults to
+            `"empirical"`.
+        kl_clip: `None` or a float > 0: the step-size guard `ν` above.
+            With it the kernels are preconditioned in the training step
+            (never in the factored order). Defaults to `None`.
         spread_inverses: Boolean: under a tf.distribute strategy, each
             replica inverts a share of the layers (balanced by cost) and
             the inverses are then summed across replicas (KAISA-style);
@@ -202,6 +298,11 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         frequency=100,
         split_dim=128,
         spread_inverses=SPREAD_INVERSES_DEFAULT,
+        factor_decay=None,
+        statistics_frequency=None,
+        statistics_rows=None,
+        fisher="empirical",
+        kl_clip=None,
         clipnorm=None,
         clipvalue=None,
         global_clipnorm=None,
@@ -241,6 +342,14 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             )
         if loss_scale != 1.0:
             loss_scale_factor = loss_scale
+        if kl_clip is not None and (clipnorm or clipvalue or global_clipnorm):
+            raise ValueError(
+                "`kl_clip` hands Keras's clipping the guarded directions, "
+                "not the gradients: set `kl_clip` or one of `clipnorm`, "
+                "`clipvalue`, `global_clipnorm`. Received: "
+                f"kl_clip={kl_clip}, clipnorm={clipnorm}, "
+                f"clipvalue={clipvalue}, global_clipnorm={global_clipnorm}"
+            )
         batch_size = validation.check_int("batch_size", batch_size, 1)
         validation.check_bool("use_nesterov", use_nesterov)
         validation.check_bool("enable_clip_grad", enable_clip_grad)
@@ -254,6 +363,16 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         frequency = validation.check_int("frequency", frequency, 2)
         split_dim = validation.check_int("split_dim", split_dim, 1)
         split_indices = _check_split_indices(split_indices)
+        factor_decay, statistics_frequency, statistics_rows, kl_clip = (
+            _check_options(
+                factor_decay=factor_decay,
+                frequency=frequency,
+                statistics_frequency=statistics_frequency,
+                statistics_rows=statistics_rows,
+                fisher=fisher,
+                kl_clip=kl_clip,
+            )
+        )
         super().__init__(
             learning_rate=learning_rate,
             weight_decay=weight_decay,
@@ -281,6 +400,33 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         self.decay_filter = decay_filter
         self.enable_clip_grad = enable_clip_grad
         self.spread_inverses = spread_inverses
+        self.factor_decay = factor_decay
+        self.statistics_frequency = statistics_frequency
+        self.statistics_rows = statistics_rows
+        self.fisher = fisher
+        self.kl_clip = kl_clip
+
+    RECOMMENDED = {
+        "learning_rate": 0.03,
+        "damping": 0.1,
+        "momentum": 0.9,
+        "frequency": 20,
+        "kl_clip": 0.01,
+    }
+
+    @classmethod
+    def recommended(cls, **kwargs):
+        """THOR set up as a starting point for any model.
+
+        MindSpore's rule with a step-size guard and a shorter refresh
+        period: `learning_rate=0.03, damping=0.1, momentum=0.9,
+        frequency=20, kl_clip=0.01` (`THOR.RECOMMENDED`), chosen on the
+        held-out seed of the benchmark tasks, one setting for all of them
+        (docs/thor.md, "Tuning THOR", gives the measured sensitivity). Any
+        argument of `THOR` overrides these, e.g.
+        `THOR.recommended(learning_rate=0.1, batch_size=128)`.
+        """
+        return cls(**{**cls.RECOMMENDED, **kwargs})
 
     @property
     def damping(self):
@@ -300,7 +446,10 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         kernel with a curvature block (marked by `convert_to_thor_model`),
         its `A⁻¹` blocks `(groups·n, s, s)` (a vector for an Embedding) and
         its `G⁻¹` blocks, starting as identities; then one counter of
-        curvature refreshes that needed a fallback.
+        curvature refreshes that needed a fallback. With `factor_decay`,
+        then, per kernel, the averaged factor blocks (`A`, `G`, in the
+        inverses' shapes) and their weight `W`; with `kl_clip`, the last
+        step's guard scale `ν`.
         """
         if self.built:
             return
@@ -354,6 +503,29 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         self._curvature_troubles = self.add_variable(
             (), "zeros", "int32", name="curvature_troubles"
         )
+        self._a_factors = [None] * len(var_list)
+        self._g_factors = [None] * len(var_list)
+        self._factor_weights = [None] * len(var_list)
+        if self.factor_decay is not None:
+            for index in sorted(self._blocks):
+                prefix = var_list[index].path.replace("/", "_")
+                for factors, inverses, part in (
+                    (self._a_factors, self._a_inverses, "a"),
+                    (self._g_factors, self._g_inverses, "g"),
+                ):
+                    factors[index] = self.add_variable(
+                        inverses[index].shape,
+                        "zeros",
+                        "float32",
+                        name=f"{prefix}_{part}_factor",
+                    )
+                self._factor_weights[index] = self.add_variable(
+                    (), "zeros", "float32", name=f"{prefix}_factor_weight"
+                )
+        if self.kl_clip is not None:
+            self._guard_scale = self.add_variable(
+                (), "ones", "float32", name="guard_scale"
+            )
 
     def _decay_of(self, variable):
         if self.decay_filter is not None and not self.decay_filter(variable):
@@ -369,7 +541,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         clipping options (which would then clip a preconditioned
         gradient). Decided once, when the optimizer is built.
         """
-        if not block.factored:
+        if not block.factored or self.kl_clip is not None:
             return False
         if self.clipnorm or self.clipvalue or self.global_clipnorm:
             return False
@@ -389,8 +561,35 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         return int(numpy_value(self._curvature_troubles))
 
     def refreshes_at(self, step):
-        """Whether step `step` (0-based) refreshes the curvature."""
+        """Whether step `step` (0-based) refreshes the inverses."""
         return step % self.frequency == 0
+
+    @property
+    def statistics_period(self):
+        """Steps between statistics steps (`frequency` unless
+        `statistics_frequency` is set)."""
+        return self.statistics_frequency or self.frequency
+
+    def gathers_statistics_at(self, step):
+        """Whether step `step` (0-based) gathers curvature statistics."""
+        return step % self.statistics_period == 0
+
+    def training_logs(self):
+        """What THOR is doing, for the step's logs (and so `History` and
+        `TensorBoard`): the damping, the number of inverse refreshes so
+        far, the layer refreshes in trouble so far, and the last guard
+        scale (with `kl_clip`)."""
+        steps = ops.cast(self.iterations, "float32")
+        logs = {
+            "thor_damping": self.current_damping(),
+            "thor_refreshes": ops.floor((steps - 1.0) / self.frequency) + 1.0,
+            "thor_curvature_troubles": ops.cast(
+                self._curvature_troubles, "float32"
+            ),
+        }
+        if self.kl_clip is not None:
+            logs["thor_guard_scale"] = ops.convert_to_tensor(self._guard_scale)
+        return logs
 
     def _per_step_arrays(self):
         for name, value in (
@@ -422,6 +621,41 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         takes it as it is."""
         return self._factored
 
+    @property
+    def preconditioned_in_step(self):
+        """The variable indices whose update takes an already
+        preconditioned gradient: the factored kernels, or with `kl_clip`
+        every kernel with curvature (the guard needs their directions
+        before any update)."""
+        if self.kl_clip is not None:
+            return frozenset(self._blocks)
+        return self._factored
+
+    def precondition_kernel(self, index, gradient):
+        """`A⁻¹ · g · G⁻¹` of kernel `index` from the stored inverses."""
+        block = self._blocks[index]
+        return block.precondition(
+            ops.reshape(ops.cast(gradient, "float32"), block.kernel.shape),
+            self._a_inverses[index],
+            self._g_inverses[index],
+            self.current_damping(),
+            float(self.batch_size),
+        )
+
+    def guard(self, directions, gradients):
+        """`ν · d` for each kernel direction `d`, the guard scale `ν` from
+        the kernels' `(d, g)` (unscaled, global), which is also kept for
+        the logs. Non-finite inner products give `ν = 1` (the update then
+        leaves non-finite directions out)."""
+        inner = sum(
+            ops.sum(d * ops.cast(g, "float32"))
+            for d, g in zip(directions, gradients)
+        )
+        learning_rate = ops.cast(self.learning_rate, "float32")
+        scale = update.kl_clip_scale(inner, learning_rate, self.kl_clip)
+        self.assign(self._guard_scale, scale)
+        return [scale * d for d in directions]
+
     def block_buckets(self):
         """The variable indices of the blocks, per reduction bucket.
 
@@ -437,16 +671,24 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         """The position of `variable` in the trained variables, or `None`."""
         return keras_internals.variable_index(self, variable)
 
-    def refresh_curvature(self, statistics):
-        """Replaces the stored inverses from fresh factors.
+    def refresh_curvature(self, statistics, invert=True):
+        """Takes a statistics step's factors; replaces the inverses if
+        `invert`.
 
         `statistics` maps a kernel's variable index to `(A, G, c)`: the
-        factors averaged over the (global) batch and the factor scale. Runs
-        inside the training step, before `apply_gradients`.
+        factors averaged over the (global) batch and the factor scale. With
+        `factor_decay` they first update the moving averages (a layer whose
+        new factors are not finite keeps its averages), and the inverses
+        are those of the averages. Runs inside the training step, before
+        `apply_gradients`.
         """
         if not statistics:
             return
         indices = sorted(statistics)
+        if self.factor_decay is not None:
+            self._average_factors(indices, statistics)
+        if not invert:
+            return
         # Not compiled: XLA's CPU Cholesky and triangular solve were 10x
         # slower than TensorFlow's (docs/benchmarks.md).
         if self.spread_inverses and replicas.replica_count() > 1:
@@ -460,8 +702,51 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             troubles.append(ops.cast(trouble, "int32"))
         self.assign_add(self._curvature_troubles, ops.sum(ops.stack(troubles)))
 
+    def _average_factors(self, indices, statistics):
+        """Each layer's averages and weight take its new factors if they
+        are finite; otherwise both stay (a trouble is counted)."""
+        troubles = []
+        for index in indices:
+            a_new, g_new = self._blocks[index].factor_blocks(
+                statistics[index], self.split_dim
+            )
+            finite = all_finite([a_new, g_new])
+            previous = self._factor_weights[index]
+            weight = average_weight(previous, self.factor_decay)
+            for average, new in (
+                (self._a_factors[index], a_new),
+                (self._g_factors[index], g_new),
+            ):
+                self.assign(
+                    average,
+                    ops.where(
+                        finite, averaged_factor(average, new, weight), average
+                    ),
+                )
+            self.assign(previous, ops.where(finite, weight, previous))
+            troubles.append(ops.cast(ops.logical_not(finite), "int32"))
+        self.assign_add(self._curvature_troubles, ops.sum(ops.stack(troubles)))
+
     def layer_inverses(self, index, statistics):
-        """`(A⁻¹, G⁻¹, trouble)` of kernel `index` from its `(A, G, c)`."""
+        """`(A⁻¹, G⁻¹, trouble)` of kernel `index` from its `(A, G, c)`
+        (with `factor_decay`, from its averaged factors)."""
+        if self.factor_decay is not None:
+            a_inverse, g_inverse, trouble = self._blocks[
+                index
+            ].inverses_of_blocks(
+                self._a_factors[index],
+                self._g_factors[index],
+                self.current_damping(),
+                self._a_inverses[index],
+                self._g_inverses[index],
+            )
+            # No accepted statistics yet: keep the starting inverses.
+            seen = self._factor_weights[index] > 0
+            return (
+                ops.where(seen, a_inverse, self._a_inverses[index]),
+                ops.where(seen, g_inverse, self._g_inverses[index]),
+                trouble,
+            )
         return self._blocks[index].inverses(
             statistics,
             self.current_damping(),
@@ -545,7 +830,9 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             ops.cast(learning_rate, "float32"),
             self.current_damping(),
             [
-                None if i in self._factored else self._preconditioners[i]
+                None
+                if i in self.preconditioned_in_step
+                else self._preconditioners[i]
                 for i in indices
             ],
             [self._weight_decays[i] for i in indices],
@@ -580,6 +867,11 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
                 "frequency": self.frequency,
                 "split_dim": self.split_dim,
                 "spread_inverses": self.spread_inverses,
+                "factor_decay": self.factor_decay,
+                "statistics_frequency": self.statistics_frequency,
+                "statistics_rows": self.statistics_rows,
+                "fisher": self.fisher,
+                "kl_clip": self.kl_clip,
             }
         )
         return config

@@ -1,11 +1,12 @@
-"""THOR's training step and its two traced train functions (TensorFlow).
+"""THOR's training step and its traced train functions (TensorFlow).
 
 MindSpore compiles two graphs for THOR: one that captures the curvature
 statistics and refreshes the inverses, one that only preconditions with the
-stored inverses. Here they are two `tf.function`s, chosen in Python before
+stored inverses. Here they are `tf.function`s, chosen in Python before
 each step from the optimizer's step counter, so a step that does not refresh
 never computes a statistic, and no collective sits inside a `tf.cond` (which
-breaks under tf.distribute).
+breaks under tf.distribute). With `THOR(statistics_frequency=...)` a third
+one gathers statistics without inverting.
 """
 
 import warnings
@@ -14,6 +15,7 @@ import keras
 from keras import ops
 
 from keras_thor.src import keras_internals
+from keras_thor.src.backend.dense import dense
 from keras_thor.src.backend.values import numpy_value
 from keras_thor.src.distribute import replicas
 from keras_thor.src.distribute.train_step import apply_gradients
@@ -24,6 +26,9 @@ from keras_thor.src.distribute.train_step import scaled_training_loss
 from keras_thor.src.distribute.train_step import training_call
 from keras_thor.src.thor import capture
 from keras_thor.src.thor.optimizer import THOR
+from keras_thor.src.thor.sampled_fisher import fisher_loss_kind
+from keras_thor.src.thor.sampled_fisher import sampled_loss
+from keras_thor.src.thor.sampled_fisher import sampled_targets
 
 
 def thor_optimizer_of(optimizer):
@@ -33,6 +38,11 @@ def thor_optimizer_of(optimizer):
     return optimizer if isinstance(optimizer, THOR) else None
 
 
+def _first_examples(tensors, count):
+    """The first `count` examples of every tensor in `tensors`."""
+    return keras.tree.map_structure(lambda tensor: tensor[:count], tensors)
+
+
 def curvature_statistics(thor, calls, output_grads, sample_scale):
     """THOR's factors `{kernel index: (A, G, c)}` over the global batch.
 
@@ -40,6 +50,7 @@ def curvature_statistics(thor, calls, output_grads, sample_scale):
     loss into a per-sample gradient. Sums are all-reduced across replicas,
     one collective per bucket of `thor.block_buckets()`, then divided
     by the global row count. Several calls of one layer pool their rows.
+    With `statistics_rows`, each call keeps its first examples only.
     """
     sums = {}
     for call, output_grad in zip(calls, output_grads):
@@ -48,9 +59,14 @@ def curvature_statistics(thor, calls, output_grads, sample_scale):
         index = thor.variable_index(call.block.kernel)
         if index is None:
             continue
+        inputs = call.inputs
         sample_grads = ops.cast(output_grad, "float32") * sample_scale
+        if thor.statistics_rows is not None:
+            inputs, sample_grads = _first_examples(
+                (inputs, sample_grads), thor.statistics_rows
+            )
         a_sum, g_sum, rows, factor_scale = call.block.statistics(
-            call.inputs, sample_grads
+            inputs, sample_grads
         )
         if index in sums:
             previous = sums[index]
@@ -87,7 +103,7 @@ def _gradients(thor, variables, calls, factored, scaled_loss, tape, refresh):
 
     `grads[i]` is `variables[i]`'s gradient, `None` for factored-order
     kernels (the tape never computes it); `output_grads[p]` the gradient at
-    `calls[p]`'s outputs where needed (every call on a refresh step, the
+    `calls[p]`'s outputs where needed (every call if `refresh`, the
     factored-order calls otherwise), else `None`.
     """
     blocks = thor.curvature_blocks
@@ -130,16 +146,73 @@ def _add_factored_gradients(
     return grads
 
 
-def train_step(model, data, refresh):
-    """One training step; on `refresh` steps it also refreshes THOR.
+def _sampled_fisher_loss(model, thor, y_pred):
+    """The loss at targets drawn from the model's predictive distribution,
+    scaled as the training loss is (`sampled_fisher`)."""
+    import tensorflow as tf
+
+    kind, from_logits = fisher_loss_kind(model.loss)
+    seed = tf.stack(
+        [
+            ops.cast(thor.iterations, "int64"),
+            ops.cast(replicas.replica_id(), "int64"),
+        ]
+    )
+    targets = sampled_targets(kind, from_logits, y_pred, seed)
+    loss = sampled_loss(kind, from_logits, targets, y_pred)
+    return model.optimizer.scale_loss(loss / replicas.replica_count())
+
+
+def _guarded_gradients(model, thor, variables, grads):
+    """The kernels' gradients replaced by their guarded directions `ν·d`.
+
+    `d` comes from the global gradient (summed across replicas here, one
+    collective), so `ν` is the same on every replica; each replica then
+    passes `ν·d / replicas`, in the loss's scale, which the optimizer sums
+    and unscales as it does gradients.
+    """
+    guarded = thor.preconditioned_in_step
+    positions = []
+    for position, variable in enumerate(variables):
+        index = thor.variable_index(variable)
+        if index in guarded and grads[position] is not None:
+            positions.append((position, index))
+    if not positions:
+        return grads
+    raw = [ops.cast(dense(grads[p]), "float32") for p, _ in positions]
+    count = replicas.replica_count()
+    if count > 1:
+        raw = replicas.all_reduce_sum(raw)
+    loss_scale = ops.cast(model.optimizer.scale_loss(1.0), "float32")
+    unscaled = [g / loss_scale for g in raw]
+    directions = thor.guard(
+        [
+            thor.precondition_kernel(index, g)
+            for g, (_, index) in zip(unscaled, positions)
+        ],
+        unscaled,
+    )
+    grads = list(grads)
+    for (position, _), direction in zip(positions, directions):
+        grads[position] = ops.cast(
+            direction * (loss_scale / count), variables[position].dtype
+        )
+    return grads
+
+
+def train_step(model, data, statistics, invert):
+    """One training step; it gathers curvature statistics if `statistics`
+    and then refreshes the inverses if `invert`.
 
     As Keras's TensorFlow `train_step`, plus: layers with curvature blocks
     record their calls, the loss is differentiated with respect to their
-    outputs too (refresh steps, and Dense layers preconditioned in the
-    factored order), and on refresh steps the factors go to the optimizer
-    before
-    `apply_gradients`. Under a strategy, a `LossScaleOptimizer` sees an
-    overflow on any replica (Keras's looks at replica 0's gradients).
+    outputs too (statistics steps, and Dense layers preconditioned in the
+    factored order; with `fisher="sampled"`, a second loss at sampled
+    targets gives the statistics), the factors go to the optimizer before
+    `apply_gradients`, and with `kl_clip` the kernels' directions are
+    guarded here. The logs carry `THOR.training_logs()`. Under a strategy, a
+    `LossScaleOptimizer` sees an overflow on any replica (Keras's looks at
+    replica 0's gradients).
     """
     import tensorflow as tf
 
@@ -155,40 +228,63 @@ def train_step(model, data, refresh):
         variables = model.trainable_weights
     blocks = thor.curvature_blocks
     recorded = (
-        blocks if refresh else {i: blocks[i] for i in thor.factored_kernels}
+        blocks if statistics else {i: blocks[i] for i in thor.factored_kernels}
     )
+    sampled = statistics and thor.fisher == "sampled"
     with capture.thor_training_step():
-        with tf.GradientTape() as tape:
+        with tf.GradientTape(persistent=sampled) as tape:
             with capture.capture_calls(recorded.values()) as calls:
                 y_pred = training_call(model, x)
             scaled_loss = scaled_training_loss(
                 model, x, y, y_pred, sample_weight
             )
+            if sampled:
+                fisher_loss = _sampled_fisher_loss(model, thor, y_pred)
         factored = _factored_calls(thor, calls)
         grads, output_grads = _gradients(
-            thor, variables, calls, factored, scaled_loss, tape, refresh
+            thor,
+            variables,
+            calls,
+            factored,
+            scaled_loss,
+            tape,
+            statistics and not sampled,
         )
-        if refresh:
+        statistics_grads = output_grads
+        if sampled:
+            statistics_grads = tape.gradient(
+                fisher_loss, [call.outputs for call in calls]
+            )
+            del tape
+        if statistics:
             loss_scale = ops.cast(model.optimizer.scale_loss(1.0), "float32")
             examples = batch_examples(x) * replicas.replica_count()
             sample_scale = ops.cast(examples, "float32") / loss_scale
             thor.refresh_curvature(
-                curvature_statistics(thor, calls, output_grads, sample_scale)
+                curvature_statistics(
+                    thor, calls, statistics_grads, sample_scale
+                ),
+                invert=invert,
             )
         # After the refresh: the factored products read the new inverses.
         grads = _add_factored_gradients(
             thor, variables, grads, calls, factored, output_grads
         )
+        if thor.kl_clip is not None:
+            grads = _guarded_gradients(model, thor, variables, grads)
         apply_gradients(model.optimizer, grads, variables)
-    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    return {**logs, **thor.training_logs()}
 
 
 class ThorTrainFunction:
-    """`model.train_function` for THOR: refresh and plain steps, apart.
+    """`model.train_function` for THOR: refresh, statistics-only and plain
+    steps, apart.
 
     Each call runs `model.steps_per_execution` steps (fewer at the end of
-    the data), as Keras's own train function does; a refresh step runs
-    alone, the plain steps between refreshes run as one compiled loop.
+    the data), as Keras's own train function does; a refresh (or
+    statistics) step runs alone, the plain steps between them run as one
+    compiled loop.
     With one step per execution each call is one traced function that
     fetches its batch itself, as Keras's own, and the step count is kept
     in Python between calls (read back from the optimizer at the start of
@@ -197,11 +293,16 @@ class ThorTrainFunction:
 
     def __init__(self, model):
         self.model = model
-        self._refresh_step = self._one_step(refresh=True)
-        self._plain_step = self._one_step(refresh=False)
+        self._refresh_step = self._one_step(statistics=True, invert=True)
+        self._statistics_step = self._one_step(statistics=True, invert=False)
+        self._plain_step = self._one_step(statistics=False, invert=False)
         self._plain_steps = self._compile(self._plain_loop, jit=False)
         self._refresh_on_iterator = self._compile(
             lambda iterator: self._refresh_step(iterator.get_next()), jit=False
+        )
+        self._statistics_on_iterator = self._compile(
+            lambda iterator: self._statistics_step(iterator.get_next()),
+            jit=False,
         )
         self._plain_on_iterator = self._compile(
             lambda iterator: self._plain_step(iterator.get_next()), jit=False
@@ -236,6 +337,10 @@ class ThorTrainFunction:
         try:
             if thor.refreshes_at(step):
                 logs = self._refresh(thor, self._refresh_on_iterator, iterator)
+            elif thor.gathers_statistics_at(step):
+                logs = self._refresh(
+                    thor, self._statistics_on_iterator, iterator
+                )
             else:
                 logs = self._plain_on_iterator(iterator)
         except tf.errors.OutOfRangeError:
@@ -255,13 +360,14 @@ class ThorTrainFunction:
             fn, reduce_retracing=True, jit_compile=jit, autograph=False
         )
 
-    def _one_step(self, refresh):
+    def _one_step(self, statistics, invert):
         model = self.model
 
         def one_step(data):
             strategy = model.distribute_strategy
             logs = strategy.run(
-                lambda batch: train_step(model, batch, refresh), args=(data,)
+                lambda batch: train_step(model, batch, statistics, invert),
+                args=(data,),
             )
             return reduce_logs(logs, strategy)
 
@@ -324,8 +430,9 @@ class ThorTrainFunction:
                 remaining if thor is None else self._next_run(thor, remaining)
             )
             if count == 0:
-                data = batch.get_value()
-                logs = self._refresh(thor, self._refresh_step, data)
+                logs = self._refresh(
+                    thor, self._statistics_kind(thor), batch.get_value()
+                )
                 count = 1
             else:
                 logs = self._plain_step(batch.get_value())
@@ -339,20 +446,30 @@ class ThorTrainFunction:
         return logs
 
     def _next_run(self, thor, remaining):
-        """0 if the next step refreshes, else how many plain steps to run.
+        """0 if the next step gathers statistics, else how many plain steps
+        to run.
 
-        At most `remaining`, up to the next refresh, and no further than the
-        per-step arrays reach; raises if they do not reach the next step.
+        At most `remaining`, up to the next statistics step, and no further
+        than the per-step arrays reach; raises if they do not reach the
+        next step.
         """
         step = int(numpy_value(thor.iterations))
         thor.check_schedules_cover(step + 1)
-        if thor.refreshes_at(step):
+        if thor.gathers_statistics_at(step):
             return 0
+        period = thor.statistics_period
         return min(
             remaining,
-            thor.frequency - step % thor.frequency,
+            period - step % period,
             thor.steps_covered_from(step),
         )
+
+    def _statistics_kind(self, thor):
+        """The traced step for the next statistics step: refresh or not."""
+        step = int(numpy_value(thor.iterations))
+        if thor.refreshes_at(step):
+            return self._refresh_step
+        return self._statistics_step
 
     def _run_on_batches(self, thor, batches):
         self.resync()
@@ -360,7 +477,7 @@ class ThorTrainFunction:
         for _, data in zip(range(self.model.steps_per_execution), batches):
             # `data` exists, so the step needs its per-step values.
             if thor is not None and self._next_run(thor, 1) == 0:
-                logs = self._refresh(thor, self._refresh_step, data)
+                logs = self._refresh(thor, self._statistics_kind(thor), data)
             else:
                 logs = self._plain_step(data)
         return logs

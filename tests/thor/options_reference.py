@@ -1,0 +1,203 @@
+"""THOR's curvature options in NumPy float64, on top of `reference.py`.
+
+`OptionsReferenceTHOR` is `reference.ReferenceTHOR` with the options of
+`keras_thor.optimizers.THOR` beyond MindSpore's rule, written from their
+documentation and independent of keras_thor:
+
+```
+statistics steps: t = 0, k, 2k, ...   (k = statistics_frequency or frequency)
+    A_t, G_t from the first `statistics_rows` examples of the batch
+    (per sample: D = N · dL/dz, N the whole batch), at targets drawn by
+    `fisher_targets(t, predictions)` if given (sampled Fisher)
+    with factor_decay α: F = Σ_i α^(t_last - t_i) F_i / Σ_i α^(t_last - t_i)
+        over the statistics steps so far (kept as the list of all of them)
+refresh steps: t = 0, f, 2f, ...: inverses of F (as reference.layer_inverses)
+every step: d = A⁻¹ g G⁻¹ for the THOR kernels,
+    ν = min(1, sqrt(kl_clip / |lr² · Σ ⟨d, g⟩|))  (1 without kl_clip),
+    d ← ν · d, then weight decay, clipping and momentum as MindSpore.
+```
+"""
+
+import math
+
+import numpy as np
+
+from tests.thor import reference
+
+
+def averaged(factors, decay):
+    """`Σ_i α^(k-i) F_i / Σ_i α^(k-i)` of a list of factors `F_1..F_k`."""
+    weights = [decay ** (len(factors) - 1 - i) for i in range(len(factors))]
+    total = sum(w * np.asarray(f, np.float64) for w, f in zip(weights, factors))
+    return total / sum(weights)
+
+
+def guard_scale(directions, gradients, learning_rate, kl_clip):
+    """kfac-pytorch's KL clip `ν` over pairs of directions and gradients."""
+    inner = sum(float(np.sum(d * g)) for d, g in zip(directions, gradients))
+    quadratic = abs(learning_rate**2 * inner)
+    if quadratic == 0.0 or not math.isfinite(quadratic):
+        return 1.0
+    return min(1.0, math.sqrt(kl_clip / quadratic))
+
+
+class OptionsReferenceTHOR(reference.ReferenceTHOR):
+    """`ReferenceTHOR` with `factor_decay`, `statistics_frequency`,
+    `statistics_rows`, a sampled Fisher and `kl_clip`.
+
+    `fisher_targets(step, predictions)`, if given, returns the targets
+    whose loss gradients give `G` on statistics steps (the sampled Fisher);
+    `statistics_loss` is the loss they are taken at (default: `loss`).
+    After each step, `guard_scales` holds every step's `ν` and
+    `statistics_steps` the statistics steps so far; `factors[i]` is
+    layer `i`'s list of `(A, G, c)` of every statistics step.
+    """
+
+    def __init__(
+        self,
+        model,
+        loss,
+        factor_decay=None,
+        statistics_frequency=None,
+        statistics_rows=None,
+        kl_clip=None,
+        fisher_targets=None,
+        statistics_loss=None,
+        **hyper,
+    ):
+        super().__init__(model, loss, **hyper)
+        self.factor_decay = factor_decay
+        self.statistics_period = int(statistics_frequency or self.frequency)
+        self.statistics_rows = statistics_rows
+        self.kl_clip = kl_clip
+        self.fisher_targets = fisher_targets
+        self.statistics_loss = statistics_loss or loss
+        self.guard_scales = []
+        self.statistics_steps = []
+        self.factors = {}
+
+    def step(self, weights, x, y, sample_weight=None):
+        step = self.iterations
+        learning_rate = reference.value_at_step(
+            self.learning_rate, step, "learning_rate"
+        )
+        damping = reference.value_at_step(self.damping, step, "damping")
+        weights = reference._as_float64(weights)
+        _, grads, captures = reference.forward_backward(
+            self.model, weights, x, y, self.loss, sample_weight, self.loss_scale
+        )
+        if step % self.statistics_period == 0:
+            self._gather(weights, x, captures)
+        if step % self.frequency == 0:
+            self._invert(damping)
+        if self.velocities is None:
+            self.velocities = [
+                {name: np.zeros_like(w) for name, w in layer.items()}
+                for layer in weights
+            ]
+        directions = self._directions(grads, damping)
+        scale = 1.0
+        if self.kl_clip is not None:
+            kernels = [
+                (i, reference.THOR_KERNELS[spec["type"]])
+                for i, spec in enumerate(self.model)
+                if spec["type"] in reference.THOR_LAYERS
+            ]
+            scale = guard_scale(
+                [directions[i][name] for i, name in kernels],
+                [grads[i][name] for i, name in kernels],
+                learning_rate,
+                self.kl_clip,
+            )
+            for i, name in kernels:
+                directions[i][name] = scale * directions[i][name]
+        self.guard_scales.append(scale)
+        new_weights = [{} for _ in weights]
+        for index, layer in enumerate(weights):
+            for name, weight in layer.items():
+                new_weights[index][name] = self._momentum_step(
+                    index, name, weight, directions[index][name], learning_rate
+                )
+        self.iterations += 1
+        return new_weights
+
+    def _gather(self, weights, x, captures):
+        """Appends this step's `(A, G, c)` of every THOR layer."""
+        examples = np.shape(x)[0]
+        if self.fisher_targets is not None:
+            predictions = reference.predict(self.model, weights, x)
+            targets = self.fisher_targets(self.iterations, predictions)
+            _, _, captures = reference.forward_backward(
+                self.model, weights, x, targets, self.statistics_loss
+            )
+        rows = self.statistics_rows or examples
+        for index, capture in captures.items():
+            factors = reference.thor_factors(
+                self.model[index],
+                capture["inputs"][:rows],
+                capture["output_grad"][:rows],
+                examples,
+            )
+            self.factors.setdefault(index, []).append(factors)
+        self.statistics_steps.append(self.iterations)
+
+    def current_factors(self, index):
+        """Layer `index`'s `(A, G, c)` the next inversion uses."""
+        history = self.factors[index]
+        if self.factor_decay is None:
+            return history[-1]
+        scale = history[-1][2]
+        return (
+            averaged([f[0] for f in history], self.factor_decay),
+            averaged([f[1] for f in history], self.factor_decay),
+            scale,
+        )
+
+    def _invert(self, damping):
+        for index in self.factors:
+            self.inverses[index] = reference.layer_inverses(
+                self.model[index],
+                self.current_factors(index),
+                damping,
+                self.split_dim,
+            )
+        self.refresh_steps.append(self.iterations)
+
+    def _directions(self, grads, damping):
+        return [
+            {
+                name: reference.precondition(
+                    self.model[index],
+                    name,
+                    grad,
+                    self.inverses.get(index),
+                    damping,
+                    self.batch_size,
+                )
+                for name, grad in layer.items()
+            }
+            for index, layer in enumerate(grads)
+        ]
+
+    def _momentum_step(self, index, name, weight, direction, learning_rate):
+        if self.decay_filter(index, name):
+            direction = direction + self.weight_decay * weight
+        if self.enable_clip_grad:
+            direction = reference.clip_by_unit_norm(direction)
+        velocity = self.momentum * self.velocities[index][name] + direction
+        self.velocities[index][name] = velocity
+        if self.use_nesterov:
+            return weight - learning_rate * (
+                direction + self.momentum * velocity
+            )
+        return weight - learning_rate * velocity
+
+
+def run_options_reference(model, weights, batches, loss, **hyper):
+    """`(weights after every step, the reference optimizer)`."""
+    optimizer = OptionsReferenceTHOR(model, loss, **hyper)
+    history = []
+    for batch in batches:
+        weights = optimizer.step(weights, *batch)
+        history.append(weights)
+    return history, optimizer

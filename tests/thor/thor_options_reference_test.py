@@ -1,0 +1,329 @@
+"""THOR's curvature options in `model.fit` against NumPy, step by step.
+
+The expected weights come from `tests/thor/options_reference`, the
+documented rules of `factor_decay`, `statistics_frequency`,
+`statistics_rows`, `fisher="sampled"` and `kl_clip` written out in float64
+NumPy on top of the MindSpore reference.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_thor
+from tests.thor import keras_models
+from tests.thor import options_reference
+from tests.thor import reference
+from tests.thor.thor_reference_test import ENCODER
+from tests.thor.thor_reference_test import MLP
+
+pytestmark = pytest.mark.tf_only
+
+CE = reference.LOSSES[1]
+SMALL_CNN = [
+    {
+        "type": "conv2d",
+        "filters": 3,
+        "kernel_size": (3, 3),
+        "padding": "same",
+        "activation": "tanh",
+    },
+    {"type": "global_average_pooling2d"},
+    {"type": "dense", "units": 3},
+]
+HYPER = dict(learning_rate=0.05, damping=0.03, momentum=0.9, split_dim=4)
+
+
+def _data(kind, loss, samples=48, seed=0):
+    rng = np.random.default_rng(seed)
+    if kind == "mlp":
+        specs, shape, dtype = MLP, (6,), "float32"
+        x = rng.normal(size=(samples, 6)).astype("float32")
+    elif kind == "cnn":
+        specs, shape, dtype = SMALL_CNN, (5, 4, 2), "float32"
+        x = rng.normal(size=(samples, 5, 4, 2)).astype("float32")
+    else:
+        specs, shape, dtype = ENCODER, (5,), "int32"
+        x = rng.integers(0, 11, (samples, 5)).astype("int32")
+    outputs = specs[-1]["units"]
+    if loss == "mse":
+        y = rng.normal(size=(samples, outputs)).astype("float32")
+    else:
+        y = rng.integers(0, outputs, samples)
+    return specs, shape, dtype, x, y
+
+
+class _Recorder(keras.callbacks.Callback):
+    """The weights and the logs after every batch."""
+
+    def __init__(self, specs):
+        super().__init__()
+        self.specs = specs
+        self.weights = []
+        self.logs = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.weights.append(
+            keras_models.flat(
+                keras_models.reference_weights(self.model, self.specs)
+            )
+        )
+        self.logs.append(
+            {k: float(np.asarray(v)) for k, v in (logs or {}).items()}
+        )
+
+
+def _fit_and_reference(
+    kind,
+    loss,
+    epochs=2,
+    batch_size=8,
+    reference_hyper=None,
+    compile_options=None,
+    **hyper,
+):
+    """`(recorder, expected weights per step, reference, model)`."""
+    specs, shape, dtype, x, y = _data(kind, loss)
+    model = keras_models.keras_model(specs, shape, dtype)
+    start = keras_models.reference_weights(model, specs)
+    model.compile(
+        optimizer=keras_thor.optimizers.THOR(**hyper),
+        loss=keras_models.loss_object(loss),
+        **(compile_options or {}),
+    )
+    recorder = _Recorder(specs)
+    model.fit(
+        x,
+        y,
+        batch_size=batch_size,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=[recorder],
+    )
+    hyper = {k: v for k, v in hyper.items() if k != "fisher"}
+    hyper.update(reference_hyper or {})
+    batches = keras_models.random_batches(x, y, batch_size) * epochs
+    recorder.start, recorder.batches = start, batches
+    expected, optimizer = options_reference.run_options_reference(
+        specs,
+        start,
+        batches,
+        "mse" if loss == "mse" else CE,
+        **hyper,
+    )
+    expected = [keras_models.flat(w) for w in expected]
+    return recorder, expected, optimizer, model
+
+
+def _assert_follows(actual, expected, tolerance=1e-4):
+    assert len(actual) == len(expected)
+    for step, (a, e) in enumerate(zip(actual, expected)):
+        error = keras_models.relative_error(a, e)
+        assert error < tolerance, (step, error)
+
+
+# Eager steps are 3x faster to run than to trace for these small models;
+# one case of each option runs compiled.
+EAGER = {"run_eagerly": True}
+
+
+@pytest.mark.parametrize(
+    "kind, loss, statistics_frequency, compile_options, damping",
+    [
+        ("mlp", "mse", 2, None, 0.03),
+        ("encoder", "ce", None, EAGER, 0.03),
+        # The inverses of the averages take the refresh step's damping.
+        ("cnn", "ce", 1, EAGER, np.geomspace(0.1, 0.01, 12)),
+    ],
+    ids=["mlp-mse-2", "encoder-ce-None-eager", "cnn-ce-1-eager-damping"],
+)
+def test_factor_decay_and_statistics_frequency_follow_the_reference(
+    kind, loss, statistics_frequency, compile_options, damping
+):
+    recorder, expected, optimizer, model = _fit_and_reference(
+        kind,
+        loss,
+        compile_options=compile_options,
+        frequency=4,
+        factor_decay=0.8,
+        statistics_frequency=statistics_frequency,
+        weight_decay=1e-3,
+        **dict(HYPER, damping=damping),
+    )
+    assert len(expected) == 12
+    period = statistics_frequency or 4
+    assert optimizer.statistics_steps == list(range(0, 12, period))
+    assert optimizer.refresh_steps == [0, 4, 8]
+    _assert_follows(recorder.weights, expected)
+    # The averages differ from the last statistics step's factors: the
+    # comparison above would fail without the averaging.
+    thor = model.optimizer
+    index = min(thor.curvature_blocks)
+    weight = sum(0.8**i for i in range(len(optimizer.statistics_steps)))
+    np.testing.assert_allclose(
+        float(thor._factor_weights[index].numpy()), weight
+    )
+    a, g, c = optimizer.current_factors(0)
+    last_g = optimizer.factors[0][-1][1]
+    assert not np.allclose(g, last_g, rtol=1e-2)
+    stored_g = np.asarray(thor._g_factors[index].numpy())
+    width = g.shape[0]
+    blocks = [
+        stored_g[b][: min(4, width - 4 * b), : min(4, width - 4 * b)]
+        for b in range(stored_g.shape[0])
+    ]
+    for b, block in enumerate(blocks):
+        part = slice(4 * b, 4 * b + block.shape[0])
+        np.testing.assert_allclose(
+            block, c * g[part, part], rtol=1e-4, atol=1e-6
+        )
+
+
+def test_kl_clip_follows_the_reference_and_logs_the_guard_scale():
+    recorder, expected, optimizer, model = _fit_and_reference(
+        "mlp",
+        "ce",
+        frequency=3,
+        kl_clip=0.03,
+        weight_decay=1e-2,
+        learning_rate=0.1,
+        damping=0.03,
+        momentum=0.9,
+        split_dim=4,
+    )
+    scales = np.array(optimizer.guard_scales)
+    # The guard is active on some steps, not on others.
+    assert (scales < 0.999).any() and (scales == 1.0).any(), scales
+    _assert_follows(recorder.weights, expected)
+    logged = [logs["thor_guard_scale"] for logs in recorder.logs]
+    np.testing.assert_allclose(logged, scales, rtol=1e-4)
+    np.testing.assert_allclose(
+        float(model.optimizer._guard_scale.numpy()), scales[-1], rtol=1e-4
+    )
+    # No kernel takes the factored order under the guard.
+    assert model.optimizer.factored_kernels == frozenset()
+
+
+def test_kl_clip_with_factored_order_widths_still_guards_every_kernel():
+    """Wide Dense layers at a small batch would take the factored order;
+    with `kl_clip` they are preconditioned in the step and guarded."""
+    wide = [
+        {"type": "dense", "units": 32, "activation": "tanh"},
+        {"type": "dense", "units": 5},
+    ]
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(16, 6)).astype("float32")
+    y = rng.integers(0, 5, 16)
+    model = keras_models.keras_model(wide, (6,))
+    start = keras_models.reference_weights(model, wide)
+    hyper = dict(
+        learning_rate=0.1, damping=0.03, momentum=0.9, frequency=3, kl_clip=1e-4
+    )
+    model.compile(
+        optimizer=keras_thor.optimizers.THOR(**hyper, batch_size=4),
+        loss=keras_models.loss_object("ce"),
+        run_eagerly=True,
+    )
+    recorder = _Recorder(wide)
+    model.fit(
+        x, y, batch_size=4, shuffle=False, verbose=0, callbacks=[recorder]
+    )
+    assert model.optimizer.factored_kernels == frozenset()
+    expected, optimizer = options_reference.run_options_reference(
+        wide, start, keras_models.random_batches(x, y, 4), CE, **hyper
+    )
+    assert min(optimizer.guard_scales) < 0.999
+    _assert_follows(recorder.weights, [keras_models.flat(w) for w in expected])
+
+
+def test_statistics_rows_give_the_inverses_of_the_first_rows():
+    """One refresh step: the inverses from `statistics_rows=m` on a batch
+    are those of the whole of its first `m` examples."""
+    specs, shape, _, x, y = _data("cnn", "ce")
+    inverses = []
+    for rows, batch in ((5, 16), (None, 5)):
+        keras.utils.set_random_seed(0)
+        model = keras_models.keras_model(specs, shape)
+        model.compile(
+            optimizer=keras_thor.optimizers.THOR(
+                frequency=2, statistics_rows=rows, **HYPER
+            ),
+            loss=keras_models.loss_object("ce"),
+            run_eagerly=True,
+        )
+        model.train_on_batch(x[:batch], y[:batch])
+        thor = model.optimizer
+        inverses.append(
+            [
+                np.asarray(v.numpy())
+                for i in sorted(thor.curvature_blocks)
+                for v in (thor._a_inverses[i], thor._g_inverses[i])
+            ]
+        )
+    for rows_only, first_rows in zip(*inverses):
+        np.testing.assert_allclose(rows_only, first_rows, rtol=1e-5, atol=1e-6)
+
+
+def _tf_draws(kind, output_width):
+    """The sampled Fisher's draws for step `t` on one device: seed
+    `(t, 0)`, as `keras_thor.src.thor.sampled_fisher` documents."""
+    import tensorflow as tf
+
+    def draw(step, predictions):
+        seed = tf.constant([step, 0], "int64")
+        if kind == "mse":
+            noise = tf.random.stateless_normal(predictions.shape, seed)
+            return predictions + np.sqrt(output_width / 2.0) * noise.numpy()
+        logits = tf.constant(predictions, "float32")
+        drawn = tf.random.stateless_categorical(logits, 1, seed, dtype="int32")
+        return drawn.numpy()[:, 0]
+
+    return draw
+
+
+def test_sampled_fisher_follows_the_reference_with_the_same_draws():
+    """Cross-entropy here, mean squared error with every option below."""
+    recorder, expected, _, _ = _fit_and_reference(
+        "mlp",
+        "ce",
+        epochs=1,
+        frequency=2,
+        fisher="sampled",
+        reference_hyper={"fisher_targets": _tf_draws("ce", MLP[-1]["units"])},
+        compile_options=EAGER,
+        **HYPER,
+    )
+    _assert_follows(recorder.weights, expected)
+    # The draws matter: the empirical Fisher gives other weights.
+    empirical = reference.run_reference(
+        MLP,
+        recorder.start,
+        recorder.batches,
+        CE,
+        frequency=2,
+        **HYPER,
+    )
+    error = keras_models.relative_error(
+        recorder.weights[-1], keras_models.flat(empirical[-1])
+    )
+    assert error > 1e-3
+
+
+def test_every_option_together_follows_the_reference():
+    recorder, expected, optimizer, _ = _fit_and_reference(
+        "mlp",
+        "mse",
+        frequency=4,
+        factor_decay=0.9,
+        statistics_frequency=2,
+        statistics_rows=5,
+        fisher="sampled",
+        kl_clip=1e-4,
+        weight_decay=1e-3,
+        reference_hyper={"fisher_targets": _tf_draws("mse", 5)},
+        compile_options={"steps_per_execution": 3},
+        **HYPER,
+    )
+    assert min(optimizer.guard_scales) < 0.999
+    _assert_follows(recorder.weights[-1:], expected[-1:])
