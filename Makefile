@@ -19,9 +19,12 @@ $(VENV)/.backends: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[backends]"
 	touch $@
 
-# Benchmark 1(a) of docs/benchmarks.md: THOR vs SGD (momentum) and Adam.
+# Benchmark 1(a) of docs/benchmarks.md, the whole protocol on the digits MLP
+# in one go: THOR against SGD (Nesterov), AdamW, Muon, Lion and
+# ScheduleFreeAdamW. Prints a table, writes results/thor_demo_digits.png.
 demo: $(VENV)/.installed
-	$(PY) benchmarks/thor_time_to_accuracy.py --models mlp --plot results/thor_digits_mlp.png
+	$(PY) benchmarks/thor_time_to_accuracy.py --phase all --tasks digits \
+		--optimizers all --prefix results/thor_demo
 
 test: lint test-tensorflow test-backends
 
@@ -42,7 +45,7 @@ test-backends: $(VENV)/.backends
 
 benchmark: $(VENV)/.installed
 	$(PY) benchmarks/optimizer_step_time.py
-	$(PY) benchmarks/thor_time_to_accuracy.py
+	$(PY) benchmarks/thor_time_to_accuracy.py --phase report
 	$(PY) benchmarks/thor_step_cost.py
 	$(PY) benchmarks/boost_throughput.py
 	$(PY) benchmarks/distributed.py

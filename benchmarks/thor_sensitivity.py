@@ -1,0 +1,175 @@
+"""THOR's sensitivity to learning rate and damping, with and without the guard.
+
+For each task of benchmark 1 (`tasks.py`: (b) the MNIST ResNet, (c) the
+deep autoencoder, (d) the marker-order transformer), a 3x3 grid of
+learning rate x damping around `THOR.recommended()` (x1/3, x1, x3 each),
+trained for a short budget on the held-out seed 0, once with the
+recommended setting (step-size guard `kl_clip=0.01`) and once with
+MindSpore's rule (the same setting without the guard). A run diverges when
+its final training loss (over the whole training set, at the end, with
+BatchNormalization's statistics recomputed over the training images) is
+not below the initial one (the same measure before the first step), or is
+not finite. Prints a table per task and the count of runs that diverged.
+
+    python benchmarks/thor_sensitivity.py [--tasks resnet autoencoder
+        transformer] [--settings recommended unguarded] [--epochs 2]
+        [--seed 0]
+"""
+
+import argparse
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tasks  # noqa: E402
+
+import keras_thor  # noqa: E402
+
+BATCH = 128
+SCALES = (1 / 3, 1.0, 3.0)
+
+
+def task_setup(name):
+    """`(model, loss, x, y, metric)` of a task; `metric(model)` is its
+    benchmark metric (test accuracy, or training reconstruction error)."""
+    if name == "resnet":
+        x, x_test, y, y_test = tasks.mnist()
+        x, x_test = x.reshape(-1, 28, 28, 1), x_test.reshape(-1, 28, 28, 1)
+        return (
+            tasks.mnist_resnet(),
+            tasks.LOSS,
+            x,
+            y,
+            lambda m: tasks.test_accuracy(m, x[:1000], x_test, y_test),
+        )
+    if name == "autoencoder":
+        x = tasks.mnist()[0]
+        return (
+            tasks.autoencoder(),
+            tasks.sigmoid_cross_entropy,
+            x,
+            x,
+            lambda m: tasks.reconstruction_error(m, x),
+        )
+    x, x_test, y, y_test = tasks.marker_order()
+    return (
+        tasks.transformer(),
+        tasks.LOSS,
+        x,
+        y,
+        lambda m: tasks.test_accuracy(m, x[:10], x_test, y_test),
+    )
+
+
+def batch_normalizations(layer):
+    """The BatchNormalization layers in `layer`, nested models included."""
+    if isinstance(layer, keras.layers.BatchNormalization):
+        yield layer
+    for sublayer in getattr(layer, "layers", ()):
+        yield from batch_normalizations(sublayer)
+
+
+def batch_loss(model, loss, x, y):
+    return float(keras.ops.mean(loss(y, model(x, training=False))))
+
+
+def training_loss(model, loss, x, y):
+    """The mean loss over the training set, with BatchNormalization's
+    statistics recomputed over it at the current weights (as the benchmark's
+    metrics: the moving averages lag behind fast-changing weights), and put
+    back afterwards."""
+    norms = list(batch_normalizations(model))
+    moving = [v for norm in norms for v in norm.non_trainable_variables]
+    saved = [keras.ops.convert_to_numpy(v) for v in moving]
+    momenta = [norm.momentum for norm in norms]
+    for norm in norms:
+        norm.momentum = 0.0
+    try:
+        if norms:
+            model(x[:1000], training=True)
+        value = np.mean(
+            [
+                batch_loss(model, loss, x[i : i + 1000], y[i : i + 1000])
+                for i in range(0, len(x), 1000)
+            ]
+        )
+    finally:
+        for norm, momentum in zip(norms, momenta):
+            norm.momentum = momentum
+        for variable, value_ in zip(moving, saved):
+            variable.assign(value_)
+    return float(value)
+
+
+def run(name, guarded, learning_rate, damping, epochs, seed):
+    keras.utils.set_random_seed(seed)
+    model, loss, x, y, metric = task_setup(name)
+    model = keras_thor.convert_to_thor_model(model)
+    overrides = {} if guarded else {"kl_clip": None}
+    model.compile(
+        optimizer=keras_thor.optimizers.THOR.recommended(
+            learning_rate=learning_rate,
+            damping=damping,
+            batch_size=BATCH,
+            **overrides,
+        ),
+        loss=loss,
+    )
+    initial = training_loss(model, loss, x, y)
+    model.fit(x, y, batch_size=BATCH, epochs=epochs, verbose=0)
+    final = training_loss(model, loss, x, y)
+    diverged = not (np.isfinite(final) and final < initial)
+    return initial, final, metric(model), diverged
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--tasks",
+        nargs="+",
+        default=["resnet", "autoencoder", "transformer"],
+        choices=["resnet", "autoencoder", "transformer"],
+    )
+    parser.add_argument(
+        "--settings",
+        nargs="+",
+        default=["recommended", "unguarded"],
+        choices=["recommended", "unguarded"],
+        help="the recommended setting, and/or it without the guard",
+    )
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    centre = keras_thor.optimizers.THOR.RECOMMENDED
+    for name in args.tasks:
+        print(
+            f"\n{name}: {args.epochs} epochs, seed {args.seed}, batch {BATCH}"
+        )
+        print(
+            f"{'setting':<22}{'lr':>7}{'damping':>9}{'initial':>10}"
+            f"{'final':>11}{'metric':>8}  diverged"
+        )
+        for guarded in [s == "recommended" for s in args.settings]:
+            setting = "recommended" if guarded else "without the guard"
+            diverged = 0
+            for lr_scale in SCALES:
+                for damping_scale in SCALES:
+                    lr = centre["learning_rate"] * lr_scale
+                    damping = centre["damping"] * damping_scale
+                    initial, final, metric, bad = run(
+                        name, guarded, lr, damping, args.epochs, args.seed
+                    )
+                    diverged += bad
+                    print(
+                        f"{setting:<22}{lr:>7.3g}{damping:>9.3g}"
+                        f"{initial:>10.4g}{final:>11.4g}{metric:>8.4f}  "
+                        f"{'yes' if bad else 'no'}",
+                        flush=True,
+                    )
+            print(f"{setting}: {diverged} of 9 runs diverged", flush=True)
+
+
+if __name__ == "__main__":
+    main()
