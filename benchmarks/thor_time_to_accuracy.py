@@ -118,6 +118,7 @@ KEYS = {
     "thor-ms": THOR_MINDSPORE,
     "thor-rec": THOR_RECOMMENDED,
 }
+KEY_OF = {name: key for key, name in KEYS.items()}
 
 # Learning-rate grids: three values a factor ~3 apart around each
 # optimizer's usual rate, per task (fixed before any THOR run).
@@ -830,10 +831,11 @@ def tune_baselines(task, data, quick, path):
     if best is None or not math.isfinite(best[0]):
         raise RuntimeError(f"{task.name}: no baseline has a finite metric")
     target = task.round_target(best[0])
+    best_point = dict(best[2], at=best[3] if best[1] == SCHEDULE_FREE else None)
     _say(
         f"[{task.name}] target {target:.6g} ({task.metric}): the best "
-        f"baseline at epoch {half:g} is {best[1]} {describe(best[2])} "
-        f"(at {best[3]}) with {best[0]:.6g}"
+        f"baseline at epoch {half:g} is {best[1]} {describe(best_point)} "
+        f"with {best[0]:.6g}"
     )
     for record in records:
         record["target"] = target
@@ -849,11 +851,7 @@ def tune_baselines(task, data, quick, path):
         metric=task.metric,
         higher_is_better=task.higher_is_better,
         half_budget_best=dict(
-            value=best[0],
-            optimizer=best[1],
-            point=dict(
-                best[2], at=best[3] if best[1] == SCHEDULE_FREE else None
-            ),
+            value=best[0], optimizer=best[1], point=best_point
         ),
         target=target,
         best=chosen,
@@ -1090,6 +1088,13 @@ def plot(task, rows, target, path):
 # Files and the command line
 
 
+# The protocol of record (targets and best baseline points), a copy of
+# results/thor_time_to_accuracy_protocol.json as the baseline tune wrote it.
+RECORDED_PROTOCOL = pathlib.Path(__file__).with_name(
+    "thor_time_to_accuracy_protocol.json"
+)
+
+
 def _read(path):
     if path.exists():
         return json.loads(path.read_text())
@@ -1183,6 +1188,10 @@ def main():
         prefix = os.path.join(head, "quick_" + tail)
         seeds = REPORT_SEEDS[:1]
     protocol_path = pathlib.Path(prefix + "_protocol.json")
+    if prefix == parser.get_default("prefix") and not protocol_path.exists():
+        # results/ is not versioned: start from the recorded protocol.
+        protocol_path.parent.mkdir(parents=True, exist_ok=True)
+        protocol_path.write_text(RECORDED_PROTOCOL.read_text())
     thor_path = pathlib.Path(prefix + "_thor_tune.json")
     report_path = pathlib.Path(prefix + "_report.json")
     thors = [n for n in names if n in THORS]
@@ -1242,6 +1251,17 @@ def main():
                 "`--phase tune --optimizers baselines` first"
             )
         target = stored["target"]
+        if stored["budget"] != task.budget:
+            parser.error(
+                f"{task.name}: the protocol's budget is {stored['budget']} "
+                f"epochs, this script's {task.budget}"
+            )
+        for name, rates in stored["grids"].items():
+            if tuple(rates) != tuple(LEARNING_RATES[name][task.name]):
+                _say(
+                    f"warning: {task.name}: {name}'s grid is {rates} in "
+                    f"{protocol_path}, {LEARNING_RATES[name][task.name]} here"
+                )
         if args.phase in ("tune", "all") and thors:
             tune_thor(task, data, thors, target, args.quick, thor_path)
         if args.phase in ("report", "all"):
@@ -1255,9 +1275,12 @@ def main():
                 else:
                     _say(
                         f"[{task.name}] {name}: not tuned yet (run `--phase "
-                        f"tune --optimizers {name}` first); left out"
+                        f"tune --optimizers {KEY_OF[name]}` first); left out"
                     )
             chosen = {n: c for n, c in chosen.items() if c["point"]}
+            if not chosen:
+                _say(f"[{task.name}] nothing to report")
+                continue
             rows = report(task, data, chosen, target, seeds)
             note = muon_split(task) if MUON in rows else ""
             ratios = print_report(task, rows, target, seeds, note)
