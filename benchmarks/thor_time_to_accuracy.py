@@ -1093,6 +1093,10 @@ def plot(task, rows, target, path):
 RECORDED_PROTOCOL = pathlib.Path(__file__).with_name(
     "thor_time_to_accuracy_protocol.json"
 )
+# And of THOR's tune on the same seed (its best points for the report).
+RECORDED_THOR_TUNE = pathlib.Path(__file__).with_name(
+    "thor_time_to_accuracy_thor_tune.json"
+)
 
 
 def _read(path):
@@ -1188,11 +1192,16 @@ def main():
         prefix = os.path.join(head, "quick_" + tail)
         seeds = REPORT_SEEDS[:1]
     protocol_path = pathlib.Path(prefix + "_protocol.json")
-    if prefix == parser.get_default("prefix") and not protocol_path.exists():
-        # results/ is not versioned: start from the recorded protocol.
-        protocol_path.parent.mkdir(parents=True, exist_ok=True)
-        protocol_path.write_text(RECORDED_PROTOCOL.read_text())
     thor_path = pathlib.Path(prefix + "_thor_tune.json")
+    if prefix == parser.get_default("prefix"):
+        # results/ is not versioned: start from the recorded files.
+        for path, recorded in (
+            (protocol_path, RECORDED_PROTOCOL),
+            (thor_path, RECORDED_THOR_TUNE),
+        ):
+            if not path.exists() and recorded.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(recorded.read_text())
     report_path = pathlib.Path(prefix + "_report.json")
     thors = [n for n in names if n in THORS]
     baselines = [n for n in names if n in BASELINES]
