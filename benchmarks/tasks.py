@@ -277,12 +277,12 @@ def transformer():
 # Metrics (measured with the training clock stopped)
 
 
-def _batch_normalizations(layer):
+def batch_normalizations(layer):
     """The BatchNormalization layers in `layer`, nested models included."""
     if isinstance(layer, keras.layers.BatchNormalization):
         yield layer
     for sublayer in getattr(layer, "layers", ()):
-        yield from _batch_normalizations(sublayer)
+        yield from batch_normalizations(sublayer)
 
 
 # Per model: its forward pass traced once per mode (outside the training
@@ -336,7 +336,7 @@ def test_accuracy(model, x_statistics, x_test, y_test):
     BN"); the moving averages are put back afterwards, so training is
     unchanged. Without BatchNormalization: the plain test accuracy.
     """
-    norms = list(_batch_normalizations(model))
+    norms = list(batch_normalizations(model))
     moving = [v for norm in norms for v in norm.non_trainable_variables]
     saved = [keras.ops.convert_to_numpy(v) for v in moving]
     momenta = [norm.momentum for norm in norms]

@@ -63,14 +63,6 @@ def task_setup(name):
     )
 
 
-def batch_normalizations(layer):
-    """The BatchNormalization layers in `layer`, nested models included."""
-    if isinstance(layer, keras.layers.BatchNormalization):
-        yield layer
-    for sublayer in getattr(layer, "layers", ()):
-        yield from batch_normalizations(sublayer)
-
-
 def batch_loss(model, loss, x, y):
     return float(keras.ops.mean(loss(y, model(x, training=False))))
 
@@ -80,7 +72,7 @@ def training_loss(model, loss, x, y):
     statistics recomputed over it at the current weights (as the benchmark's
     metrics: the moving averages lag behind fast-changing weights), and put
     back afterwards."""
-    norms = list(batch_normalizations(model))
+    norms = list(tasks.batch_normalizations(model))
     moving = [v for norm in norms for v in norm.non_trainable_variables]
     saved = [keras.ops.convert_to_numpy(v) for v in moving]
     momenta = [norm.momentum for norm in norms]
