@@ -288,6 +288,7 @@ OPTIONS = {
     "factor_decay=0.95": {"factor_decay": 0.95},
     'fisher="sampled"': {"fisher": "sampled"},
     "kl_clip=0.01": {"kl_clip": 0.01},
+    'precondition_biases="all"': {"precondition_biases": "all"},
     "THOR.recommended()": dict(keras_thor.optimizers.THOR.RECOMMENDED),
 }
 

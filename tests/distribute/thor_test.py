@@ -202,7 +202,12 @@ def test_spread_inverses_with_a_replica_id_known_only_at_run_time(
     )
 
 
-OPTIONS = dict(factor_decay=0.8, statistics_frequency=1, kl_clip=1e-3)
+OPTIONS = dict(
+    factor_decay=0.8,
+    statistics_frequency=1,
+    kl_clip=1e-3,
+    precondition_biases="all",
+)
 
 
 def test_averaging_and_guard_on_two_replicas_equal_one_device():

@@ -485,7 +485,8 @@ def test_recommended_is_the_documented_setting_and_takes_overrides():
     assert float(thor.learning_rate) == pytest.approx(0.03)
     assert (thor.damping, thor.momentum) == (0.1, 0.9)
     assert (thor.frequency, thor.kl_clip) == (20, 0.01)
-    assert (thor.factor_decay, thor.fisher) == (None, "empirical")
+    assert (thor.factor_decay, thor.fisher) == (0.5, "empirical")
+    assert thor.precondition_biases == "shared"
     tuned = THOR.recommended(learning_rate=0.1, kl_clip=None, batch_size=64)
     assert float(tuned.learning_rate) == pytest.approx(0.1)
     assert (tuned.kl_clip, tuned.batch_size, tuned.damping) == (None, 64, 0.1)

@@ -353,6 +353,7 @@ def _all_options_model(run_eagerly=False):
             statistics_rows=12,
             fisher="sampled",
             kl_clip=1e-3,
+            precondition_biases="all",
         ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
@@ -400,18 +401,15 @@ def test_keras_file_with_every_option_resumes_as_uninterrupted(
     assert restored.get_config() == thor.get_config()
     assert (restored.factor_decay, restored.statistics_frequency) == (0.8, 2)
     assert (restored.statistics_rows, restored.fisher) == (12, "sampled")
-    assert restored.kl_clip == 1e-3
+    assert (restored.kl_clip, restored.precondition_biases) == (1e-3, "all")
     names = [v.name for v in restored.variables]
     assert names == [v.name for v in thor.variables]
-    assert names[-7:] == [
-        "hidden_kernel_a_factor",
-        "hidden_kernel_g_factor",
-        "hidden_kernel_factor_weight",
-        "logits_kernel_a_factor",
-        "logits_kernel_g_factor",
-        "logits_kernel_factor_weight",
-        "guard_scale",
-    ]
+    assert names[-13:] == [
+        f"{layer}_{variable}_{part}"
+        for layer in ("hidden", "logits")
+        for variable in ("kernel", "bias")
+        for part in ("a_factor", "g_factor", "factor_weight")
+    ] + ["guard_scale"]
     helpers.assert_all_close(
         helpers.optimizer_state(restored),
         helpers.optimizer_state(thor),

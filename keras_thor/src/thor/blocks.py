@@ -17,6 +17,8 @@ Notation:
       positions, else 1.
 """
 
+import math
+
 from keras import ops
 
 from keras_thor.src.thor.block_inverse import block_layout
@@ -247,6 +249,60 @@ class EmbeddingKronecker(KroneckerBlock):
 
     def precondition(self, gradient, a_inverse, g_inverse, damping, batch_size):
         return diagonal_kronecker_precondition(gradient, a_inverse, g_inverse)
+
+
+class BiasKronecker(KroneckerBlock):
+    """A layer's bias as K-FAC's homogeneous input coordinate (opt-in:
+    `THOR(precondition_biases=...)`): `A = 1`, `G_b = SᵀS / N`, so the
+    step is `(1 + √λ)⁻¹ · g · (G_b + √λ·I)⁻¹`.
+
+    `S` `(N, units)` holds each example's output-gradient rows `D` summed
+    over the positions the bias is shared by (sequence positions, a
+    convolution's output pixels, the axes an EinsumDense bias is broadcast
+    over): the per-example bias gradients. Summing before the outer
+    product (K-FAC-reduce's `G`) keeps what a per-row average loses: a
+    bias added at every position moves all of them together.
+
+    Attributes:
+        shared: Whether the bias is added at several positions of each
+            example (what `precondition_biases="shared"` selects).
+    """
+
+    a_is_diagonal = True
+
+    def __init__(self, layer, bias, data_format, shared):
+        self.data_format = data_format
+        self.shared = shared
+        super().__init__(layer, bias, 1, 1, math.prod(bias.shape))
+
+    def statistics(self, inputs, sample_output_grads):
+        grads = _channels_last(
+            ops.cast(sample_output_grads, "float32"), self.data_format
+        )
+        rank = len(grads.shape) - 1
+        bias_shape = (1,) * (rank - len(self.kernel.shape)) + tuple(
+            self.kernel.shape
+        )
+        shared = [1 + i for i, size in enumerate(bias_shape) if size == 1]
+        sums = ops.sum(grads, axis=shared) if shared else grads
+        sums = ops.reshape(sums, (-1, self.g_dim))
+        examples = ops.cast(ops.shape(sums)[0], "float32")
+        return (
+            ops.reshape(examples, (1,)),
+            ops.matmul(ops.transpose(sums), sums)[None],
+            examples,
+            1.0,
+        )
+
+    def to_matrices(self, gradient):
+        return ops.reshape(gradient, (1, 1, self.g_dim))
+
+    def precondition(self, gradient, a_inverse, g_inverse, damping, batch_size):
+        matrix = ops.reshape(gradient, (1, self.g_dim))
+        return ops.reshape(
+            diagonal_kronecker_precondition(matrix, a_inverse, g_inverse),
+            self.kernel.shape,
+        )
 
 
 class NormalizationDiagonal:

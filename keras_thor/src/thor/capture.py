@@ -104,16 +104,17 @@ def call_inputs(args, kwargs):
     return args[0] if args else kwargs["inputs"]
 
 
-def run_recording_pre_activation(layer, args, kwargs, capture, block):
-    """The layer's own `call`, recording `block`'s inputs and the value its
-    `activation` is applied to (the pre-activation output).
+def run_recording_pre_activation(layer, args, kwargs, capture, blocks):
+    """The layer's own `call`, recording for each of `blocks` (a kernel's
+    and maybe its bias's) the inputs and the value its `activation` is
+    applied to (the pre-activation output).
 
     Works for the Keras layers whose `call` ends in
     `self.activation(outputs)` (Dense, EinsumDense, convolutions). Replicas
     run one at a time between collectives, and a layer's `call` holds none,
     so swapping the activation for the call is thread safe.
     """
-    if not capture.wants(block):
+    if not any(capture.wants(block) for block in blocks):
         return type(layer).call(layer, *args, **kwargs)
     activation = layer.activation
     seen = []
@@ -128,5 +129,6 @@ def run_recording_pre_activation(layer, args, kwargs, capture, block):
     finally:
         object.__setattr__(layer, "activation", activation)
     if len(seen) == 1:
-        capture.record(block, call_inputs(args, kwargs), seen[0])
+        for block in blocks:
+            capture.record(block, call_inputs(args, kwargs), seen[0])
     return outputs

@@ -3,6 +3,7 @@
 import collections
 import math
 
+from keras_thor.src.thor.blocks import BiasKronecker
 from keras_thor.src.thor.curvature import SUPPORTED
 from keras_thor.src.thor.curvature import layer_curvature
 from keras_thor.src.thor.curvature import model_layers
@@ -28,8 +29,9 @@ class CurvatureCoverage:
             `DenseKronecker`), or says why the layer stays first-order.
         parameters: The model's trainable parameters.
         curvature_parameters: Those THOR preconditions (Kronecker blocks
-            and the normalization layers' diagonal rule; biases and
-            everything else take the plain gradient).
+            and the normalization layers' diagonal rule; biases (unless
+            `THOR(precondition_biases=...)`) and everything else take the
+            plain gradient).
     """
 
     def __init__(self, layers):
@@ -84,7 +86,11 @@ def _rule(curvature):
     if curvature.reason is not None:
         return f"first-order: {curvature.reason}"
     names = sorted(
-        {type(p).__name__ for p in curvature.preconditioners.values()}
+        {
+            type(p).__name__
+            for p in curvature.preconditioners.values()
+            if not isinstance(p, BiasKronecker)
+        }
     )
     return ", ".join(names)
 
@@ -119,6 +125,9 @@ def curvature_coverage(model):
                     _size(v)
                     for v in variables
                     if v.path in curvature.preconditioners
+                    and not isinstance(
+                        curvature.preconditioners[v.path], BiasKronecker
+                    )
                 ),
                 _rule(curvature),
             )

@@ -18,12 +18,14 @@ records; `curvature_coverage(model)` reports what is and is not covered.
 """
 
 import functools
+import math
 
 import keras
 from keras import ops
 
 from keras_thor.src import keras_internals
 from keras_thor.src.thor import capture
+from keras_thor.src.thor.blocks import BiasKronecker
 from keras_thor.src.thor.blocks import ConvKronecker
 from keras_thor.src.thor.blocks import DenseKronecker
 from keras_thor.src.thor.blocks import EinsumDenseKronecker
@@ -103,11 +105,11 @@ def _record_outputs(layer, args, kwargs, capture_, block):
     return outputs
 
 
-def _separable_call(layer, args, kwargs, capture_, depthwise, pointwise):
+def _separable_call(layer, args, kwargs, capture_, depthwise, pointwise, bias):
     """SeparableConv's depthwise and pointwise convolutions apart, so that
     the tensor between them is recorded (the output of one block, the
     input of the other)."""
-    if not (capture_.wants(depthwise) or capture_.wants(pointwise)):
+    if not any(capture_.wants(b) for b in (depthwise, pointwise, bias)):
         return type(layer).call(layer, *args, **kwargs)
     inputs = capture.call_inputs(args, kwargs)
     middle = ops.depthwise_conv(
@@ -130,6 +132,8 @@ def _separable_call(layer, args, kwargs, capture_, depthwise, pointwise):
         outputs = ops.add(outputs, ops.reshape(layer.bias, shape))
     capture_.record(depthwise, inputs, middle)
     capture_.record(pointwise, middle, outputs)
+    if bias is not None:
+        capture_.record(bias, middle, outputs)
     return layer.activation(outputs)
 
 
@@ -145,15 +149,52 @@ def _conv_options(layer, **overrides):
     return options
 
 
+def _shared_by_positions(layer, bias):
+    """Whether each example adds `layer`'s bias at several positions
+    (sequence positions, output pixels): its output holds more entries
+    per example than the bias has. Unknown shapes count as shared."""
+    shape = keras_internals.built_input_shape(layer)
+    if shape is None:
+        return True
+    try:
+        output_shape = layer.compute_output_shape(shape)
+    except Exception:  # A layer that cannot say: count it as shared.
+        return True
+    entries = output_shape[1:]
+    if any(size is None for size in entries):
+        return True
+    return math.prod(entries) > math.prod(bias.shape)
+
+
+def _bias_block(layer, data_format="channels_last"):
+    """The `BiasKronecker` of `layer`'s bias, or `None` (no bias, or not a
+    trainable variable)."""
+    bias = getattr(layer, "bias", None)
+    if not isinstance(bias, keras.Variable) or not bias.trainable:
+        return None
+    return BiasKronecker(
+        layer, bias, data_format, _shared_by_positions(layer, bias)
+    )
+
+
+def _with_bias_block(layer, block):
+    """`(blocks, capture_call)` of a layer whose `call` ends in its
+    activation: its kernel's `block`, and its bias's block if it has one
+    (used with `THOR(precondition_biases=...)`)."""
+    bias = _bias_block(layer, getattr(layer, "data_format", "channels_last"))
+    blocks = [block] if bias is None else [block, bias]
+    return blocks, functools.partial(
+        capture.run_recording_pre_activation, blocks=tuple(blocks)
+    )
+
+
 def _blocks(layer):
     """`(blocks, capture_call)` of a layer with Kronecker curvature."""
     if isinstance(layer, keras.layers.Dense):
         _keeps_call_of(layer, (keras.layers.Dense,))
         kernel = _trainable_variable(layer.kernel, "kernel")
         block = DenseKronecker(layer, kernel)
-        return [block], functools.partial(
-            capture.run_recording_pre_activation, block=block
-        )
+        return _with_bias_block(layer, block)
     if isinstance(layer, keras.layers.EinsumDense):
         _keeps_call_of(layer, (keras.layers.EinsumDense,))
         kernel = _trainable_variable(layer.kernel, "kernel")
@@ -165,27 +206,21 @@ def _blocks(layer):
         except UnsupportedEinsumError as error:
             raise _Unsupported(str(error)) from None
         block = EinsumDenseKronecker(layer, kernel, layout)
-        return [block], functools.partial(
-            capture.run_recording_pre_activation, block=block
-        )
+        return _with_bias_block(layer, block)
     if isinstance(layer, CONVOLUTIONS):
         _keeps_call_of(layer, CONVOLUTIONS)
         kernel = _trainable_variable(layer.kernel, "kernel")
         block = ConvKronecker(
             layer, kernel, _conv_options(layer), layer.groups, False
         )
-        return [block], functools.partial(
-            capture.run_recording_pre_activation, block=block
-        )
+        return _with_bias_block(layer, block)
     if isinstance(layer, DEPTHWISE):
         _keeps_call_of(layer, DEPTHWISE)
         kernel = _trainable_variable(layer.kernel, "kernel")
         block = ConvKronecker(
             layer, kernel, _conv_options(layer), kernel.shape[-2], True
         )
-        return [block], functools.partial(
-            capture.run_recording_pre_activation, block=block
-        )
+        return _with_bias_block(layer, block)
     if isinstance(layer, SEPARABLE):
         _keeps_call_of(layer, SEPARABLE)
         depthwise_kernel = _trainable_variable(
@@ -215,8 +250,10 @@ def _blocks(layer):
             1,
             False,
         )
-        return [depthwise, pointwise], functools.partial(
-            _separable_call, depthwise=depthwise, pointwise=pointwise
+        bias = _bias_block(layer, layer.data_format)
+        blocks = [depthwise, pointwise] + ([] if bias is None else [bias])
+        return blocks, functools.partial(
+            _separable_call, depthwise=depthwise, pointwise=pointwise, bias=bias
         )
     if isinstance(layer, keras.layers.Embedding):
         _keeps_call_of(layer, (keras.layers.Embedding,))

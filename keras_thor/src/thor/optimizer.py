@@ -17,6 +17,7 @@ from keras_thor.src.schedules.per_step import is_per_step_array
 from keras_thor.src.schedules.per_step import per_step_values
 from keras_thor.src.thor import capture
 from keras_thor.src.thor import update
+from keras_thor.src.thor.blocks import BiasKronecker
 from keras_thor.src.thor.blocks import KroneckerBlock
 from keras_thor.src.thor.curvature import preconditioner_of
 from keras_thor.src.thor.factor_averaging import average_weight
@@ -29,6 +30,7 @@ from keras_thor.src.utils.finite import all_finite
 
 _fused_thor_updates = fused(update.thor_updates)
 FISHER_KINDS = ("empirical", "sampled")
+BIAS_RULES = (None, "shared", "all")
 # Faster at 2 and 4 CPU replicas (docs/benchmarks.md, "THOR's reductions").
 SPREAD_INVERSES_DEFAULT = True
 
@@ -170,6 +172,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
     every `frequency` steps (t = 0, f, 2f, ...), per layer:
         A⁻¹ = blocks of (c·A + √λ_t·I)⁻¹,  G⁻¹ = blocks of (c·G + √λ_t·I)⁻¹
     d = A⁻¹ · g · G⁻¹                  (LayerNorm: g / (g²/N + √λ_t))
+    d_b = g_b · G_b⁻¹ / (1 + √λ_t)     (biases, with precondition_biases)
     d = ν · d                          (kernels with curvature)
     d = d + weight_decay · w           where decay_filter(w)
     d = d · min(1, 1 / ‖d‖)            if enable_clip_grad
@@ -185,11 +188,15 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
           replicas' batches under tf.distribute); Embedding uses the
           diagonal of token counts, convolutions im2col patches.
         - `c`: `√T` for a convolution with `T` output positions, else 1.
+        - `G_b⁻¹`: blocks of `(G_b + √λ_t·I)⁻¹`, `G_b = SᵀS / N` with `S`
+          the per-example bias gradients (output gradients `D` summed
+          over the positions the bias is shared by).
         - `λ_t`, `lr_t`: the damping and learning rate of step `t`;
           `N`: `batch_size`; blocks are `split_dim` wide.
         - `ν`: the step-size guard, 1 unless `kl_clip` is set:
           `ν = min(1, sqrt(kl_clip / |lr_t² · Σ ⟨d, g⟩|))`, the sum over the
-          kernels with curvature (kfac-pytorch's KL clip).
+          kernels with curvature, and the biases if preconditioned
+          (kfac-pytorch's KL clip).
 
     MindSpore's rule is the default. The options beyond it (from kfac-jax
     and kfac-pytorch; docs/thor.md gives their sources and measured
@@ -259,6 +266,16 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         kl_clip: `None` or a float > 0: the step-size guard `ν` above.
             With it the kernels are preconditioned in the training step
             (never in the factored order). Defaults to `None`.
+        precondition_biases: `None` (MindSpore: biases take the plain
+            gradient), `"shared"` or `"all"`: precondition the biases of
+            layers with Kronecker curvature as K-FAC's homogeneous
+            coordinate, `(1 + √λ)⁻¹ · g_b · (G_b + √λ·I)⁻¹`, where
+            `G_b = SᵀS / N` is the second moment of the per-example bias
+            gradients `S` (the output gradients summed over the positions
+            the bias is shared by). `"shared"` does it only for biases
+            added at several positions of each example (convolutions,
+            Dense and EinsumDense layers on sequences), `"all"` for every
+            such layer's bias. Defaults to `None`.
         spread_inverses: Boolean: under a tf.distribute strategy, each
             replica inverts a share of the layers (balanced by cost) and
             the inverses are then summed across replicas (KAISA-style);
@@ -303,6 +320,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         statistics_rows=None,
         fisher="empirical",
         kl_clip=None,
+        precondition_biases=None,
         clipnorm=None,
         clipvalue=None,
         global_clipnorm=None,
@@ -354,6 +372,12 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         validation.check_bool("use_nesterov", use_nesterov)
         validation.check_bool("enable_clip_grad", enable_clip_grad)
         validation.check_bool("spread_inverses", spread_inverses)
+        if precondition_biases not in BIAS_RULES:
+            raise ValueError(
+                "Argument `precondition_biases` must be one of "
+                f"{BIAS_RULES}. Received: "
+                f"precondition_biases={precondition_biases!r}"
+            )
         if decay_filter is not None and not callable(decay_filter):
             raise TypeError(
                 "Argument `decay_filter` must be a callable "
@@ -405,6 +429,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         self.statistics_rows = statistics_rows
         self.fisher = fisher
         self.kl_clip = kl_clip
+        self.precondition_biases = precondition_biases
 
     RECOMMENDED = {
         "learning_rate": 0.03,
@@ -412,18 +437,22 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         "momentum": 0.9,
         "frequency": 20,
         "kl_clip": 0.01,
+        "precondition_biases": "shared",
+        "factor_decay": 0.5,
     }
 
     @classmethod
     def recommended(cls, **kwargs):
         """THOR set up as a starting point for any model.
 
-        MindSpore's rule with a step-size guard and a shorter refresh
-        period: `learning_rate=0.03, damping=0.1, momentum=0.9,
-        frequency=20, kl_clip=0.01` (`THOR.RECOMMENDED`), chosen on the
-        held-out seed of the benchmark tasks, one setting for all of them
-        (docs/thor.md, "Tuning THOR", gives the measured sensitivity). Any
-        argument of `THOR` overrides these, e.g.
+        MindSpore's rule with a step-size guard, a shorter refresh period,
+        factor moving averages and curvature for the biases shared by
+        positions: `learning_rate=0.03, damping=0.1, momentum=0.9,
+        frequency=20, kl_clip=0.01, precondition_biases="shared",
+        factor_decay=0.5` (`THOR.RECOMMENDED`),
+        chosen on the held-out seed of the benchmark tasks, one setting for
+        all of them (docs/thor.md, "Tuning THOR", gives the measured
+        sensitivity). Any argument of `THOR` overrides these, e.g.
         `THOR.recommended(learning_rate=0.1, batch_size=128)`.
         """
         return cls(**{**cls.RECOMMENDED, **kwargs})
@@ -449,11 +478,18 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         curvature refreshes that needed a fallback. With `factor_decay`,
         then, per kernel, the averaged factor blocks (`A`, `G`, in the
         inverses' shapes) and their weight `W`; with `kl_clip`, the last
-        step's guard scale `ν`.
+        step's guard scale `ν`. A preconditioned bias (`precondition_biases`)
+        counts as a kernel here: its `a_inverse` is a vector of one.
         """
         if self.built:
             return
         preconditioners = [preconditioner_of(v) for v in var_list]
+        preconditioners = [
+            None
+            if isinstance(p, BiasKronecker) and not self._preconditions(p)
+            else p
+            for p in preconditioners
+        ]
         if not any(isinstance(p, KroneckerBlock) for p in preconditioners):
             raise ValueError(
                 "THOR found no layer with curvature among the "
@@ -526,6 +562,11 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             self._guard_scale = self.add_variable(
                 (), "ones", "float32", name="guard_scale"
             )
+
+    def _preconditions(self, bias_block):
+        if self.precondition_biases == "shared":
+            return bias_block.shared
+        return self.precondition_biases == "all"
 
     def _decay_of(self, variable):
         if self.decay_filter is not None and not self.decay_filter(variable):
@@ -625,14 +666,16 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
     def preconditioned_in_step(self):
         """The variable indices whose update takes an already
         preconditioned gradient: the factored kernels, or with `kl_clip`
-        every kernel with curvature (the guard needs their directions
-        before any update)."""
+        every kernel with curvature, biases included where
+        `precondition_biases` selects them (the guard needs their
+        directions before any update)."""
         if self.kl_clip is not None:
             return frozenset(self._blocks)
         return self._factored
 
     def precondition_kernel(self, index, gradient):
-        """`A⁻¹ · g · G⁻¹` of kernel `index` from the stored inverses."""
+        """`A⁻¹ · g · G⁻¹` of kernel (or bias) `index` from the stored
+        inverses."""
         block = self._blocks[index]
         return block.precondition(
             ops.reshape(ops.cast(gradient, "float32"), block.kernel.shape),
@@ -872,6 +915,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
                 "statistics_rows": self.statistics_rows,
                 "fisher": self.fisher,
                 "kl_clip": self.kl_clip,
+                "precondition_biases": self.precondition_biases,
             }
         )
         return config
