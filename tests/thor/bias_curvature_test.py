@@ -12,12 +12,14 @@ import math
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_thor
 from keras_thor.optimizers import THOR
 from keras_thor.src.thor.blocks import BiasKronecker
 
+# Training through THOR needs its TensorFlow training step; the statistics
+# and the argument check run on every backend.
+tf_only = pytest.mark.tf_only
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 EXAMPLES, POSITIONS, FEATURES = 6, 5, 3
 
@@ -41,6 +43,8 @@ def _data():
 
 def _per_example_gradients(model, variable, x, y):
     """`S`: row `n` is the gradient of example `n`'s loss."""
+    import tensorflow as tf
+
     per_example = keras.losses.SparseCategoricalCrossentropy(
         from_logits=True, reduction=None
     )
@@ -78,6 +82,7 @@ def _one_step(model, **options):
     return steps, gradients, history
 
 
+@tf_only
 @pytest.mark.parametrize("rule", ["shared", "all"])
 def test_one_step_of_the_biases_matches_numpy(rule):
     steps, gradients, _ = _one_step(_sequence_model(), precondition_biases=rule)
@@ -105,6 +110,7 @@ def _convolution_model():
     return keras_thor.convert_to_thor_model(keras.Model(inputs, outputs))
 
 
+@tf_only
 def test_one_step_of_convolution_biases_matches_numpy():
     model = _convolution_model()
     model.compile(
@@ -134,6 +140,7 @@ def test_one_step_of_convolution_biases_matches_numpy():
         )
 
 
+@tf_only
 def test_without_the_option_biases_take_the_plain_gradient():
     steps, gradients, _ = _one_step(_sequence_model())
     for path in ("sequence/bias", "logits/bias"):
@@ -143,6 +150,7 @@ def test_without_the_option_biases_take_the_plain_gradient():
         )
 
 
+@tf_only
 @pytest.mark.parametrize("rule", [None, "all"])
 def test_guard_counts_exactly_the_preconditioned_variables(rule):
     # First step: Δw = −lr·ν·d for guarded variables, so with
@@ -218,6 +226,7 @@ def _mixed_model():
     return keras_thor.convert_to_thor_model(keras.Model(inputs, outputs))
 
 
+@tf_only
 def test_shared_rule_selects_the_biases_added_at_several_positions():
     shared = [
         "attention/attention_output/bias",
@@ -233,6 +242,7 @@ def test_shared_rule_selects_the_biases_added_at_several_positions():
     assert _bias_blocks(_mixed_model(), None) == []
 
 
+@tf_only
 def test_mixed_model_trains_with_preconditioned_biases():
     model = _mixed_model()
     model.compile(
@@ -249,6 +259,7 @@ def test_mixed_model_trains_with_preconditioned_biases():
     assert all(np.isfinite(w).all() for w in model.get_weights())
 
 
+@tf_only
 def test_coverage_counts_biases_as_first_order():
     coverage = keras_thor.curvature_coverage(_mixed_model())
     rows = {row.name: row for row in coverage.layers}
