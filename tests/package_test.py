@@ -45,6 +45,7 @@ def test_public_modules_export_the_optimizers_and_callbacks():
     assert keras_thor.thor is keras_thor.optimizers.THOR
     assert keras_thor.layers.__all__ == [
         "FullNorm",
+        "LossScaleGroup",
         "ThorConv2D",
         "ThorDense",
         "ThorEmbedding",
@@ -56,13 +57,24 @@ def test_public_modules_export_the_optimizers_and_callbacks():
     )
     assert keras_thor.to_keras_model is keras_thor.models.to_keras_model
     assert keras_thor.curvature_coverage.__doc__
-    assert keras_thor.callbacks.__all__ == ["SwapAveragedWeights"]
+    assert keras_thor.callbacks.__all__ == [
+        "DimReduce",
+        "GradientFreeze",
+        "SwapAveragedWeights",
+    ]
+    # One name, one thing: the boost callbacks are the boost classes.
+    assert keras_thor.callbacks.DimReduce is keras_thor.boost.DimReduce
+    assert (
+        keras_thor.callbacks.GradientFreeze is keras_thor.boost.GradientFreeze
+    )
     assert keras_thor.boost.__all__ == [
         "AdaSum",
         "AutoBoost",
         "BoostOptimizer",
+        "DimReduce",
         "GradientAccumulation",
         "GradientFreeze",
+        "GroupLossScaleManager",
         "LessBN",
         "OptimizerProcess",
         "to_boost_model",

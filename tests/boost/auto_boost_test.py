@@ -117,7 +117,7 @@ def test_json_file(tmp_path):
             "O0",
             {"boost": {"mode": "manual", "dim_reduce": True}},
             ValueError,
-            "does not implement.*dim_reduce",
+            "needs its PCA matrix",
         ),
         (
             "O0",

@@ -165,6 +165,65 @@ def test_freezing_trains_the_sequence_group():
     )
 
 
+def test_freezing_callback_trains_as_the_boost_optimizer(tmp_path):
+    x, y = _data(10)  # a partial last batch of 2
+    model = _compiled(_sgd)
+    callback = keras_thor.callbacks.GradientFreeze(
+        param_groups=3, freeze_type=0, freeze_p=0.5, total_steps=10
+    )
+    assert callback is not None and keras_thor.boost.GradientFreeze is type(
+        callback
+    )
+    model.fit(
+        x,
+        y,
+        batch_size=4,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[callback],
+    )
+    assert model.optimizer.grad_freeze is callback
+    assert int(model.optimizer.micro_steps) == 6
+    reference = _freeze_reference(x, y, batch_size=4, epochs=2)
+    helpers.assert_all_close(
+        helpers.weights_of(model), helpers.weights_of(reference), atol=1e-6
+    )
+    # Saved as the optimizer that froze; the callback passed again on the
+    # loaded model keeps its step count.
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert isinstance(loaded.optimizer, BoostOptimizer)
+    helpers.assert_same_training_state(loaded, model, atol=0)
+    loaded.fit(
+        x,
+        y,
+        batch_size=4,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[_freeze()],
+    )
+    assert int(loaded.optimizer.micro_steps) == 9
+
+
+def test_freezing_callback_needs_a_boost_model():
+    x, y = _data(4)
+    model = _compiled(_sgd, boost=False)
+    with pytest.raises(ValueError, match="to_boost_model"):
+        model.fit(x, y, batch_size=4, verbose=0, callbacks=[_freeze()])
+    boost_model = _compiled(_sgd)
+    boost_model.fit(x, y, batch_size=4, verbose=0, callbacks=[_freeze()])
+    with pytest.raises(ValueError, match="other settings"):
+        boost_model.fit(
+            x,
+            y,
+            batch_size=4,
+            verbose=0,
+            callbacks=[GradientFreeze(param_groups=2)],
+        )
+
+
 def test_frozen_variables_get_no_update_at_all():
     x, y = _data(4)
     model = _compiled(lambda: BoostOptimizer(_sgd(), grad_freeze=_freeze()))

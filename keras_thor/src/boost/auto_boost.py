@@ -11,6 +11,7 @@ from keras_thor.src.boost.adasum import AdaSum
 from keras_thor.src.boost.boost_model import to_boost_model
 from keras_thor.src.boost.boost_optimizer import BoostOptimizer
 from keras_thor.src.boost.centralization import centralized_variable_paths
+from keras_thor.src.boost.dim_reduce import DimReduce
 from keras_thor.src.boost.gradient_freeze import GradientFreeze
 from keras_thor.src.boost.less_bn import LessBN
 from keras_thor.src.boost.less_bn import removable_batch_normalizations
@@ -33,7 +34,9 @@ LEVELS = {
 }
 MODES = ("auto", "manual", "enable_all", "disable_all")
 # Algorithms MindSpore has that keras_thor does not run yet.
-UNAVAILABLE = ("dim_reduce", "loss_scale_group")
+UNAVAILABLE = ("loss_scale_group",)
+# Needs stage-1 snapshots: `enable_all` leaves it off.
+NEEDS_INPUT = ("dim_reduce",)
 # Every section's keys and defaults (MindSpore's), plus `seed`.
 DEFAULTS = {
     "boost": {"mode": "auto", **dict.fromkeys(ALGORITHMS, False)},
@@ -76,6 +79,15 @@ def _has_removable_batch_normalizations(model):
     return any(
         _has_removable_batch_normalizations(layer) for layer in model.layers
     )
+
+
+def _check_not_built(optimizer):
+    if getattr(optimizer, "built", False):
+        raise ValueError(
+            "Argument `optimizer` must not be built yet: boost builds it "
+            "on the rewritten model's variables. Received: a built "
+            f"{type(optimizer).__name__}"
+        )
 
 
 def _choices(values):
@@ -146,7 +158,9 @@ def _flags(level, merged, given):
         for name in explicit:
             flags[name] = check_bool(name, merged["boost"][name])
     elif mode == "enable_all":
-        flags = {name: name not in UNAVAILABLE for name in ALGORITHMS}
+        flags = {
+            name: name not in UNAVAILABLE + NEEDS_INPUT for name in ALGORITHMS
+        }
     elif mode == "disable_all":
         flags = dict.fromkeys(ALGORITHMS, False)
     return flags
@@ -175,8 +189,11 @@ class AutoBoost:
         - gradient freezing turns gradient accumulation off (with a
           warning), as MindSpore's training cell does;
         - AdaSum needs several replicas: with one it is off (warning);
-        - `dim_reduce` and `loss_scale_group` are not available yet: a
-          switch set to True is an error.
+        - `dim_reduce` runs alone: the level's other algorithms are off
+          (warning), as MindSpore's training cell takes its branch only;
+          `enable_all` leaves it off (it needs stage-1 snapshots);
+        - `loss_scale_group` is not available yet: switching it on is an
+          error.
 
     Args:
         level: `"O0"`, `"O1"` or `"O2"`.
@@ -200,6 +217,7 @@ class AutoBoost:
                 "Received: boost switches "
                 f"{ {name: True for name in unavailable} }"
             )
+        self._dim_reduce_alone()
         self.grad_accumulation_step = check_int(
             "grad_accumulation_step", self._accumulation_step(config), 1
         )
@@ -225,6 +243,20 @@ class AutoBoost:
             )
             self.flags["grad_accumulation"] = False
 
+    def _dim_reduce_alone(self):
+        self.dim_reduce = None
+        if not self.flags["dim_reduce"]:
+            return
+        others = [n for n in ALGORITHMS if n != "dim_reduce" and self.flags[n]]
+        if others:
+            warnings.warn(
+                f"DimReduce runs alone: {others} are off (MindSpore's "
+                "training cell takes the DimReduce branch only).",
+                stacklevel=3,
+            )
+        self.flags = {name: name == "dim_reduce" for name in ALGORITHMS}
+        self.dim_reduce = DimReduce(**self.config["dim_reduce"])
+
     def _accumulation_step(self, config):
         for section in ("grad_accumulation", "common"):
             if "grad_accumulation_step" in config.get(section, {}):
@@ -240,6 +272,8 @@ class AutoBoost:
         been built on other variables (MindSpore builds a new one, too).
         """
         flags = self.flags
+        if flags["dim_reduce"]:
+            return self._dim_reduce_process(model, optimizer)
         accumulation = (
             self.grad_accumulation_step if flags["grad_accumulation"] else 1
         )
@@ -251,12 +285,7 @@ class AutoBoost:
             or adasum is not None
         ):
             return model, optimizer, []
-        if getattr(optimizer, "built", False):
-            raise ValueError(
-                "Argument `optimizer` must not be built yet: boost builds it "
-                "on the rewritten model's variables. Received: a built "
-                f"{type(optimizer).__name__}"
-            )
+        _check_not_built(optimizer)
         if flags["less_bn"]:
             model = LessBN(model, fn_flag=self.fn_flag)
         else:
@@ -274,6 +303,16 @@ class AutoBoost:
             adasum=adasum,
         )
         return model, optimizer, []
+
+    def _dim_reduce_process(self, model, optimizer):
+        """A boost model, `BoostOptimizer(optimizer, dim_reduce=...)` and
+        the `DimReduce` callback; `P` is loaded or computed now."""
+        _check_not_built(optimizer)
+        dim_reduce = DimReduce.from_config(self.dim_reduce.get_config())
+        model = to_boost_model(model)
+        optimizer = BoostOptimizer(optimizer, dim_reduce=dim_reduce)
+        dim_reduce.prepare(model)
+        return model, optimizer, [dim_reduce]
 
     def network_auto_process_eval(self, model):
         """The model to evaluate or predict with.

@@ -25,6 +25,21 @@ class BoostTrainer(DistributedTrainer):
     Keras parent class's own train function runs.
     """
 
+    def use_boost_optimizer(self, optimizer):
+        """Trains with `optimizer` (a `BoostOptimizer` a boost callback
+        made around the compiled one) from the next train function on; it
+        is saved as the compiled optimizer."""
+        self.optimizer = optimizer
+        self.train_function = None
+
+    def get_compile_config(self):
+        config = super().get_compile_config()
+        if config and _boost_optimizer_of(self.optimizer) is not None:
+            config["optimizer"] = keras.saving.serialize_keras_object(
+                self.optimizer
+            )
+        return config
+
     def make_train_function(self, force=False):
         if _boost_optimizer_of(self.optimizer) is None:
             return super().make_train_function(force=force)

@@ -8,9 +8,23 @@ from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.boost.adasum import AdaSum
 from keras_thor.src.boost.adasum import adasum_tree
 from keras_thor.src.boost.centralization import centralize_gradient
+from keras_thor.src.boost.subspace_bfgs import armijo_step
+from keras_thor.src.boost.subspace_bfgs import bfgs_inverse_update
 from keras_thor.src.distribute import replicas
 from keras_thor.src.utils.finite import all_finite
 from keras_thor.src.utils.validation import check_int
+
+# The optimizer that applies DimReduce's update as MindSpore does.
+_SGD_SETTINGS = {
+    "momentum": 0.0,
+    "nesterov": False,
+    "weight_decay": None,
+    "clipnorm": None,
+    "clipvalue": None,
+    "global_clipnorm": None,
+    "use_ema": False,
+    "gradient_accumulation_steps": None,
+}
 
 
 def _check_adasum(adasum, inner_optimizer, grad_accumulation_step):
@@ -31,6 +45,50 @@ def _check_adasum(adasum, inner_optimizer, grad_accumulation_step):
             f"inner_optimizer={type(inner_optimizer).__name__}"
         )
     return adasum
+
+
+def check_sgd_with_unit_rate(optimizer):
+    """Raises unless `optimizer` is a plain `keras.optimizers.SGD(1.0)`,
+    through which DimReduce's update `w ← w − Δ` is applied."""
+    if isinstance(optimizer, keras.optimizers.SGD):
+        config = optimizer.get_config()
+        learning_rate = config["learning_rate"]
+        plain = all(config.get(k) == v for k, v in _SGD_SETTINGS.items())
+        if plain and learning_rate == 1.0:
+            return
+    raise ValueError(
+        "DimReduce applies its update through "
+        "`keras.optimizers.SGD(learning_rate=1.0)` (no momentum, weight "
+        "decay, clipping, EMA or accumulation), as MindSpore does; its "
+        "step size comes from the line search. Received: "
+        f"optimizer={optimizer!r}"
+        + (
+            f" with config {optimizer.get_config()}"
+            if isinstance(optimizer, keras.optimizers.Optimizer)
+            else ""
+        )
+    )
+
+
+def _check_dim_reduce(dim_reduce, inner_optimizer, others):
+    # Checked by what is used, as `grad_freeze` is (DimReduce makes boost
+    # optimizers itself when it installs).
+    if dim_reduce is None:
+        return None
+    if not callable(getattr(dim_reduce, "components_variable", None)):
+        raise TypeError(
+            "Argument `dim_reduce` must be a `keras_thor.boost.DimReduce` "
+            f"or None. Received: dim_reduce={dim_reduce!r}"
+        )
+    if any(others.values()):
+        raise ValueError(
+            "DimReduce runs alone (MindSpore's training cell takes its "
+            "branch only): no gradient freezing, accumulation, "
+            "centralization or AdaSum beside it. Received: "
+            + ", ".join(f"{k}={v!r}" for k, v in others.items() if v)
+        )
+    check_sgd_with_unit_rate(inner_optimizer)
+    return dim_reduce
 
 
 def _check_freeze(grad_freeze):
@@ -100,6 +158,7 @@ class BoostOptimizer(keras.optimizers.Optimizer):
         grad_freeze=None,
         centralized_variables=(),
         adasum=None,
+        dim_reduce=None,
         name=None,
     ):
         if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
@@ -139,6 +198,18 @@ class BoostOptimizer(keras.optimizers.Optimizer):
         self.adasum = _check_adasum(
             adasum, self.inner_optimizer, self.grad_accumulation_step
         )
+        self.dim_reduce = _check_dim_reduce(
+            dim_reduce,
+            self.inner_optimizer,
+            {
+                "grad_accumulation_step": self.grad_accumulation_step
+                if self.grad_accumulation_step > 1
+                else None,
+                "grad_freeze": self.grad_freeze,
+                "centralized_variables": self.centralized_variables,
+                "adasum": self.adasum,
+            },
+        )
 
     def build(self, var_list):
         """Creates the step counter, then one accumulator per variable
@@ -160,10 +231,33 @@ class BoostOptimizer(keras.optimizers.Optimizer):
                 )
                 for v in var_list
             ]
+        if self.dim_reduce is not None:
+            self._build_dim_reduce(var_list)
         self.inner_optimizer.build(var_list)
         if self.adasum is not None:
             replicas.use_local_gradients(self.inner_optimizer)
         super().build(var_list)
+
+    def _build_dim_reduce(self, var_list):
+        k = self.dim_reduce.n_components
+
+        def state(shape, name, initializer="zeros"):
+            return self.add_variable(
+                shape, initializer, "float32", aggregation="none", name=name
+            )
+
+        self._inverse_hessian = state(
+            (k, k), "dim_reduce_inverse_hessian", keras.initializers.Identity()
+        )
+        self._subspace_step = state((k,), "dim_reduce_subspace_step")
+        self._previous_subspace_gradient = state(
+            (k,), "dim_reduce_previous_subspace_gradient"
+        )
+        self._line_search_step = state((), "dim_reduce_line_search_step")
+        self._residual_momenta = [
+            state(v.shape, f"{v.path.replace('/', '_')}_dim_reduce_momentum")
+            for v in var_list
+        ]
 
     @property
     def variables(self):
@@ -195,7 +289,11 @@ class BoostOptimizer(keras.optimizers.Optimizer):
     def needs_boost_model(self):
         """Whether steps differ (which group, whether to apply), so that
         a `keras_thor.boost` model must run them."""
-        return self.grad_freeze is not None or self.grad_accumulation_step > 1
+        return (
+            self.grad_freeze is not None
+            or self.grad_accumulation_step > 1
+            or self.dim_reduce is not None
+        )
 
     def applies_at(self, step):
         """Whether training step `step` updates the weights."""
@@ -334,6 +432,103 @@ class BoostOptimizer(keras.optimizers.Optimizer):
             for v, old, delta in zip(variables, before, combined)
         )
 
+    def dim_reduce_direction(self, grads, components):
+        """The subspace quantities of one DimReduce step (no assignment).
+
+        `grads`: the gradients of the trained variables summed over the
+        replicas (float32); `components`: `P`. Returns a dict with the
+        flattened gradient `g`, `g_k`, the updated `B`, `d_k`, the slope
+        `g_kᵀ d_k` and `d_n` split per variable.
+        """
+        flat = ops.concatenate([ops.reshape(g, (-1,)) for g in grads])
+        subspace_gradient = ops.matmul(components, flat)
+        first = ops.equal(self.micro_steps, 0)
+        inverse_hessian = ops.where(
+            first,
+            self._inverse_hessian,
+            bfgs_inverse_update(
+                self._inverse_hessian,
+                self._subspace_step,
+                subspace_gradient - self._previous_subspace_gradient,
+            ),
+        )
+        direction = -ops.matmul(inverse_hessian, subspace_gradient)
+        return {
+            "flat_gradient": flat,
+            "subspace_gradient": subspace_gradient,
+            "inverse_hessian": inverse_hessian,
+            "direction": direction,
+            "slope": ops.sum(subspace_gradient * direction),
+            "full_direction": _split_like(
+                ops.matmul(direction, components), grads
+            ),
+        }
+
+    def dim_reduce_apply(
+        self, found, components, loss, trial_losses, grads, variables
+    ):
+        """Chooses the step from the line search and updates state and
+        weights: `w ← w − (α·m − t·d_n)` through the inner SGD(1.0).
+
+        A non-finite gradient or loss changes neither (the step is 0).
+        """
+        dim = self.dim_reduce
+        step = armijo_step(
+            loss, trial_losses, dim.trial_steps, dim.sigma, found["slope"]
+        )
+        finite = ops.logical_and(
+            all_finite([found["flat_gradient"]]), ops.isfinite(loss)
+        )
+        step = ops.where(finite, step, 0.0)
+        accepted = step > 0
+        kept = ops.logical_and(finite, accepted)
+        projected = _split_like(
+            ops.matmul(found["subspace_gradient"], components), grads
+        )
+        momenta = [
+            ops.where(finite, dim.gamma * m + (g - p), m)
+            for m, g, p in zip(self._residual_momenta, grads, projected)
+        ]
+        deltas = [
+            ops.where(finite, dim.alpha * m - step * d, 0.0)
+            for m, d in zip(momenta, found["full_direction"])
+        ]
+        replicas.assign_replicated(
+            [
+                (
+                    self._inverse_hessian,
+                    ops.where(
+                        kept, found["inverse_hessian"], self._inverse_hessian
+                    ),
+                ),
+                (
+                    self._previous_subspace_gradient,
+                    ops.where(
+                        kept,
+                        found["subspace_gradient"],
+                        self._previous_subspace_gradient,
+                    ),
+                ),
+                (
+                    self._subspace_step,
+                    ops.where(
+                        kept, step * found["direction"], self._subspace_step
+                    ),
+                ),
+                (self._line_search_step, step),
+                (self.micro_steps, self.micro_steps + 1),
+                *zip(self._residual_momenta, momenta),
+            ]
+        )
+        # Keras's optimizer sums the replicas' gradients: each passes its
+        # share of the (replica-identical) update.
+        count = replicas.replica_count()
+        self.inner_optimizer.apply(
+            [ops.cast(d / count, v.dtype) for d, v in zip(deltas, variables)],
+            variables,
+        )
+        return step
+
     def _lower_scale_unless(self, finite):
         lso = self.inner_optimizer
         replicas.assign_replicated(
@@ -355,6 +550,7 @@ class BoostOptimizer(keras.optimizers.Optimizer):
             "grad_freeze": self.grad_freeze,
             "centralized_variables": self.centralized_variables,
             "adasum": self.adasum,
+            "dim_reduce": self.dim_reduce,
             "name": self.name,
         }
         return BoostOptimizer(**{**arguments, **changes})
@@ -371,16 +567,30 @@ class BoostOptimizer(keras.optimizers.Optimizer):
             ),
             "centralized_variables": list(self.centralized_variables),
             "adasum": keras.saving.serialize_keras_object(self.adasum),
+            "dim_reduce": keras.saving.serialize_keras_object(self.dim_reduce),
         }
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
-        for key in ("inner_optimizer", "grad_freeze", "adasum"):
+        for key in ("inner_optimizer", "grad_freeze", "adasum", "dim_reduce"):
             config[key] = keras.saving.deserialize_keras_object(
                 config[key], custom_objects=custom_objects
             )
         return cls(**config)
+
+
+def _split_like(flat, tensors):
+    """`flat` cut into pieces shaped like `tensors` (row-major)."""
+    pieces = []
+    offset = 0
+    for t in tensors:
+        size = 1
+        for dim in t.shape:
+            size *= dim
+        pieces.append(ops.reshape(flat[offset : offset + size], t.shape))
+        offset += size
+    return pieces
 
 
 def GradientAccumulation(max_accumulation_step, optimizer):

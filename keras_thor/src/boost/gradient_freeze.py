@@ -3,6 +3,7 @@
 import keras
 
 from keras_thor.src.api_export import keras_thor_export
+from keras_thor.src.boost import boost_callbacks
 from keras_thor.src.boost import freeze_schedule
 from keras_thor.src.boost.boost_model import to_boost_model
 from keras_thor.src.boost.boost_optimizer import BoostOptimizer
@@ -28,9 +29,9 @@ def _attaches_to_previous(variable, layer):
 
 
 @keras_thor_export
-class GradientFreeze:
+class GradientFreeze(keras.callbacks.Callback):
     """Trains a suffix of the network on some steps: MindSpore's
-    `mindspore.boost.GradientFreeze`.
+    `mindspore.boost.GradientFreeze`, and the Keras callback that runs it.
 
     The trainable variables are cut into "layer units" (a kernel with its
     bias and normalization weights, at least 3 variables each); group `i`
@@ -40,6 +41,12 @@ class GradientFreeze:
     the group trained at each step; on a step of group `k` only its
     variables get gradients (backpropagation stops at its first layer) and
     updates.
+
+    Pass it to `fit(callbacks=[...])` of a boost model
+    (`keras_thor.boost.to_boost_model`) compiled with any Keras optimizer:
+    it wraps the optimizer in a `BoostOptimizer` that freezes (its step
+    count saved with the model). `freeze_generate` and `AutoBoost` are
+    MindSpore's ways to the same training.
 
     Args:
         param_groups: Integer >= 1, the number of groups.
@@ -65,6 +72,7 @@ class GradientFreeze:
         total_steps=65536,
         seed=0,
     ):
+        super().__init__()
         self.param_groups = check_int("param_groups", param_groups, minimum=1)
         self.freeze_type = check_int("freeze_type", freeze_type)
         if self.freeze_type not in (
@@ -84,6 +92,14 @@ class GradientFreeze:
         self.total_steps = check_int("total_steps", total_steps, minimum=1)
         self.seed = check_int("seed", seed, minimum=0)
         self._sequence = None
+
+    def set_model(self, model):
+        super().set_model(model)
+        boost_callbacks.install(self, model, "grad_freeze")
+
+    def same_settings(self, other):
+        """Whether `other` freezes the same way."""
+        return self.get_config() == other.get_config()
 
     def split_parameters_groups(self, model, freeze_para_groups_number=None):
         """The groups of `model`'s trainable variables (lists, suffixes)."""

@@ -9,9 +9,11 @@ inside a `tf.cond` (which breaks under tf.distribute).
 """
 
 import keras
+from keras import ops
 
 from keras_thor.src import keras_internals
 from keras_thor.src.backend.values import numpy_value
+from keras_thor.src.distribute import replicas
 from keras_thor.src.distribute.train_step import reduce_logs
 from keras_thor.src.distribute.train_step import scaled_training_loss
 from keras_thor.src.distribute.train_step import training_call
@@ -34,6 +36,83 @@ def train_step(model, data, variables, update):
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
 
+def _values(variables):
+    """The variables' values now (copies: later assignments leave them)."""
+    return [ops.copy(ops.convert_to_tensor(v)) for v in variables]
+
+
+def _restore(variables, values):
+    """Puts `values` back: metrics (each replica's own) by plain
+    assignment, the model's variables in one cross-replica update."""
+    local = [(v, x) for v, x in zip(variables, values) if _on_read(v)]
+    for variable, value in local:
+        variable.assign(value)
+    replicas.assign_replicated(
+        (v, x) for v, x in zip(variables, values) if not _on_read(v)
+    )
+
+
+def _on_read(variable):
+    return getattr(variable, "synchronization", None) == "on_read"
+
+
+def dim_reduce_train_step(model, data, variables, components):
+    """One DimReduce step: the gradient, two trial forward passes on the
+    same batch, then the optimizer's update (`BoostOptimizer.
+    dim_reduce_apply`).
+
+    The trials run in training mode from the step's own random state
+    (dropout masks) and leave the model's other variables (moving
+    statistics, random state) and the metrics as the step left them.
+    """
+    import tensorflow as tf
+
+    optimizer = model.optimizer
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    states = list(model.non_trainable_variables)
+    states_before = _values(states)
+    with tf.GradientTape() as tape:
+        y_pred = training_call(model, x)
+        loss = scaled_training_loss(model, x, y, y_pred, sample_weight)
+    grads = tape.gradient(loss, variables)
+    states_after = _values(states)
+    metrics = list(model.metrics_variables)
+    metrics_after = _values(metrics)
+    grads = replicas.all_reduce_sum(
+        [
+            ops.zeros(v.shape, "float32")
+            if g is None
+            else ops.cast(ops.convert_to_tensor(g), "float32")
+            for g, v in zip(grads, variables)
+        ]
+    )
+    (loss,) = replicas.all_reduce_sum([ops.cast(loss, "float32")])
+    found = optimizer.dim_reduce_direction(grads, components)
+    weights = _values(variables)
+    trial_losses = []
+    for t in optimizer.dim_reduce.trial_steps:
+        tried = [
+            ops.cast(w + t * d, v.dtype)
+            for w, d, v in zip(weights, found["full_direction"], variables)
+        ]
+        _restore(variables + states, tried + states_before)
+        trial_pred = training_call(model, x)
+        trial = keras_internals.compute_loss(
+            model, x, y, trial_pred, sample_weight
+        )
+        trial_losses.append(
+            replicas.all_reduce_sum([ops.cast(trial, "float32")])[0]
+        )
+    _restore(
+        variables + states + metrics, weights + states_after + metrics_after
+    )
+    step = optimizer.dim_reduce_apply(
+        found, components, loss, trial_losses, grads, variables
+    )
+    logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    return {**logs, "dim_reduce_step": step}
+
+
 class BoostTrainFunction:
     """`model.train_function` of a boost model with a `BoostOptimizer`.
 
@@ -50,7 +129,14 @@ class BoostTrainFunction:
         optimizer = model.optimizer
         variables = list(model.trainable_variables)
         if not optimizer.built:
-            optimizer.build(variables)
+            # A boost callback's optimizer is made outside the scope.
+            with model.distribute_strategy.scope():
+                optimizer.build(variables)
+        self._components = (
+            None
+            if optimizer.dim_reduce is None
+            else optimizer.dim_reduce.components_variable(model)
+        )
         freeze = optimizer.grad_freeze
         self._groups = (
             [variables]
@@ -74,13 +160,18 @@ class BoostTrainFunction:
         import tensorflow as tf
 
         model = self.model
+        components = self._components
+
+        def step(batch):
+            if components is not None:
+                return dim_reduce_train_step(
+                    model, batch, variables, components
+                )
+            return train_step(model, batch, variables, update)
 
         def one_step(data):
             strategy = model.distribute_strategy
-            logs = strategy.run(
-                lambda batch: train_step(model, batch, variables, update),
-                args=(data,),
-            )
+            logs = strategy.run(step, args=(data,))
             return reduce_logs(logs, strategy)
 
         if model.run_eagerly:

@@ -1,0 +1,47 @@
+"""How keras_thor's boost callbacks switch their algorithm on in `fit`.
+
+A callback's `set_model` runs after Keras builds the compiled optimizer and
+before it makes the train function: there the callback wraps the model's
+optimizer in a `BoostOptimizer` carrying itself, so the boost model's
+training step runs the algorithm and the optimizer keeps its state (saved
+with the model).
+"""
+
+from keras_thor.src.boost.boost_model import BoostTrainer
+from keras_thor.src.boost.boost_optimizer import BoostOptimizer
+
+
+def install(callback, model, argument):
+    """Makes `model.optimizer` a `BoostOptimizer` with `argument=callback`.
+
+    An optimizer that already runs an equal configuration (the same
+    callback, or one restored from a saved model) is kept with its state.
+    A model that is not compiled is left alone (`predict`).
+    """
+    feature = type(callback).__name__
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return
+    if not isinstance(model, BoostTrainer):
+        raise ValueError(
+            f"The `{feature}` callback trains a keras_thor boost model: pass "
+            "your model through `keras_thor.boost.to_boost_model` before "
+            f"`compile`. Received: a {type(model).__name__} model"
+        )
+    if isinstance(optimizer, BoostOptimizer):
+        current = getattr(optimizer, argument)
+        if current is callback:
+            return
+        if current is not None:
+            if callback.same_settings(current):
+                return
+            raise ValueError(
+                f"The model's optimizer already runs {feature} with other "
+                f"settings. Received: {callback!r}, running: {current!r}"
+            )
+    with model.distribute_strategy.scope():
+        if isinstance(optimizer, BoostOptimizer):
+            optimizer = optimizer.replaced(**{argument: callback})
+        else:
+            optimizer = BoostOptimizer(optimizer, **{argument: callback})
+    model.use_boost_optimizer(optimizer)
