@@ -51,3 +51,27 @@ def test_asgd_with_averaged_validation():
         keras_thor.optimizers.ASGD(learning_rate=0.05, t0=1),
         [keras_thor.callbacks.SwapAveragedWeights()],
     )
+
+
+def test_dim_reduce_and_group_loss_scale_steps(tmp_path):
+    model = keras_thor.boost.to_boost_model(helpers.mlp())
+    dimension = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    path = str(tmp_path / "P.npy")
+    np.save(path, np.eye(2, dimension, dtype="float32"))
+    _fit_without_the_warning(
+        model,
+        keras.optimizers.SGD(1.0),
+        [keras_thor.callbacks.DimReduce(n_components=2, pca_mat_path=path)],
+    )
+    manager = keras_thor.boost.GroupLossScaleManager(8.0)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8)(manager(inputs, 0, 1))
+    outputs = manager(keras.layers.Dense(3)(manager(hidden, 1, 2)), 2, 3)
+    network = keras.Model(inputs, outputs)
+    variables = network.trainable_variables
+    manager.loss_scale_groups = [variables[:2], variables[2:]]
+    _fit_without_the_warning(
+        keras_thor.boost.to_boost_model(network),
+        keras.optimizers.SGD(0.05),
+        [keras_thor.callbacks.GroupLossScale(manager)],
+    )

@@ -60,6 +60,7 @@ def test_public_modules_export_the_optimizers_and_callbacks():
     assert keras_thor.callbacks.__all__ == [
         "DimReduce",
         "GradientFreeze",
+        "GroupLossScale",
         "SwapAveragedWeights",
     ]
     # One name, one thing: the boost callbacks are the boost classes.

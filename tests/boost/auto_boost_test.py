@@ -121,9 +121,15 @@ def test_json_file(tmp_path):
         ),
         (
             "O0",
-            {"boost": {"mode": "manual", "loss_scale_group": True}},
+            {
+                "boost": {
+                    "mode": "manual",
+                    "loss_scale_group": True,
+                    "dim_reduce": True,
+                }
+            },
             ValueError,
-            "loss_scale_group",
+            "do not combine",
         ),
         ("O1", {"grad_freeze": {"freeze_type": 2}}, ValueError, "freeze_type"),
         ("O1", {"less_bn": {"fn_flag": "yes"}}, TypeError, "`fn_flag`"),

@@ -337,7 +337,7 @@ def test_auto_boost_runs_dim_reduce_alone(tmp_path):
         "boost": {"mode": "manual", "dim_reduce": True},
         "dim_reduce": {"n_components": 3, "weight_load_dir": directory},
     }
-    with pytest.warns(UserWarning, match="DimReduce runs alone"):
+    with pytest.warns(UserWarning, match="`dim_reduce` runs alone"):
         boost = AutoBoost("O1", config)
     assert boost.flags == {
         **dict.fromkeys(boost.flags, False),

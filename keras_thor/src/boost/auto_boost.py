@@ -13,6 +13,7 @@ from keras_thor.src.boost.boost_optimizer import BoostOptimizer
 from keras_thor.src.boost.centralization import centralized_variable_paths
 from keras_thor.src.boost.dim_reduce import DimReduce
 from keras_thor.src.boost.gradient_freeze import GradientFreeze
+from keras_thor.src.boost.group_loss_scale import GroupLossScale
 from keras_thor.src.boost.less_bn import LessBN
 from keras_thor.src.boost.less_bn import removable_batch_normalizations
 from keras_thor.src.distribute import replicas
@@ -33,10 +34,11 @@ LEVELS = {
     "O2": ("less_bn", "grad_freeze", "adasum"),
 }
 MODES = ("auto", "manual", "enable_all", "disable_all")
-# Algorithms MindSpore has that keras_thor does not run yet.
-UNAVAILABLE = ("loss_scale_group",)
-# Needs stage-1 snapshots: `enable_all` leaves it off.
-NEEDS_INPUT = ("dim_reduce",)
+# Need more than the model and optimizer (stage-1 snapshots, a manager):
+# `enable_all` leaves them off.
+NEEDS_INPUT = ("dim_reduce", "loss_scale_group")
+# Run alone: the others are turned off.
+ALONE = ("dim_reduce", "loss_scale_group")
 # Every section's keys and defaults (MindSpore's), plus `seed`.
 DEFAULTS = {
     "boost": {"mode": "auto", **dict.fromkeys(ALGORITHMS, False)},
@@ -158,9 +160,7 @@ def _flags(level, merged, given):
         for name in explicit:
             flags[name] = check_bool(name, merged["boost"][name])
     elif mode == "enable_all":
-        flags = {
-            name: name not in UNAVAILABLE + NEEDS_INPUT for name in ALGORITHMS
-        }
+        flags = {name: name not in NEEDS_INPUT for name in ALGORITHMS}
     elif mode == "disable_all":
         flags = dict.fromkeys(ALGORITHMS, False)
     return flags
@@ -192,8 +192,9 @@ class AutoBoost:
         - `dim_reduce` runs alone: the level's other algorithms are off
           (warning), as MindSpore's training cell takes its branch only;
           `enable_all` leaves it off (it needs stage-1 snapshots);
-        - `loss_scale_group` is not available yet: switching it on is an
-          error.
+        - `loss_scale_group` runs alone too (MindSpore's loss-scale cell
+          has no freezing branch); `network_auto_process_train` then
+          needs the `GroupLossScaleManager` (`loss_scale_manager`).
 
     Args:
         level: `"O0"`, `"O1"` or `"O2"`.
@@ -210,14 +211,7 @@ class AutoBoost:
         config = _read_config(boost_config_dict)
         self.config = _merged(config)
         self.flags = _flags(level, self.config, config.get("boost", {}))
-        unavailable = [name for name in UNAVAILABLE if self.flags[name]]
-        if unavailable:
-            raise ValueError(
-                f"keras_thor does not implement {unavailable} yet. "
-                "Received: boost switches "
-                f"{ {name: True for name in unavailable} }"
-            )
-        self._dim_reduce_alone()
+        self._alone()
         self.grad_accumulation_step = check_int(
             "grad_accumulation_step", self._accumulation_step(config), 1
         )
@@ -243,19 +237,29 @@ class AutoBoost:
             )
             self.flags["grad_accumulation"] = False
 
-    def _dim_reduce_alone(self):
+    def _alone(self):
+        """DimReduce or group loss scaling, with the others turned off."""
         self.dim_reduce = None
-        if not self.flags["dim_reduce"]:
+        alone = [name for name in ALONE if self.flags[name]]
+        if len(alone) > 1:
+            raise ValueError(
+                "`dim_reduce` and `loss_scale_group` do not combine in this "
+                "version. Received: boost switches "
+                f"{ {name: True for name in alone} }"
+            )
+        if not alone:
             return
-        others = [n for n in ALGORITHMS if n != "dim_reduce" and self.flags[n]]
+        (name,) = alone
+        others = [n for n in ALGORITHMS if n != name and self.flags[n]]
         if others:
             warnings.warn(
-                f"DimReduce runs alone: {others} are off (MindSpore's "
-                "training cell takes the DimReduce branch only).",
+                f"`{name}` runs alone: {others} are off (MindSpore's "
+                f"training cell takes the {name} branch only).",
                 stacklevel=3,
             )
-        self.flags = {name: name == "dim_reduce" for name in ALGORITHMS}
-        self.dim_reduce = DimReduce(**self.config["dim_reduce"])
+        self.flags = {n: n == name for n in ALGORITHMS}
+        if name == "dim_reduce":
+            self.dim_reduce = DimReduce(**self.config["dim_reduce"])
 
     def _accumulation_step(self, config):
         for section in ("grad_accumulation", "common"):
@@ -263,17 +267,34 @@ class AutoBoost:
                 return config[section]["grad_accumulation_step"]
         return 1
 
-    def network_auto_process_train(self, model, optimizer):
+    def network_auto_process_train(
+        self, model, optimizer, loss_scale_manager=None
+    ):
         """`(model, optimizer, callbacks)` to compile and fit with.
 
         The model is rewritten (LessBN) or converted to a boost model, and
         the optimizer wrapped in a `BoostOptimizer`; with every algorithm
         off both are returned as they are. The optimizer must not have
         been built on other variables (MindSpore builds a new one, too).
+        `callbacks` holds the `DimReduce` or `GroupLossScale` callback
+        when `dim_reduce` or `loss_scale_group` is on.
+
+        Args:
+            model: A built Sequential or Functional `keras.Model`.
+            optimizer: A `keras.optimizers.Optimizer` (`SGD(1.0)` for
+                DimReduce).
+            loss_scale_manager: The `keras_thor.boost.GroupLossScaleManager`
+                whose markers `model` holds (MindSpore's
+                `Model(loss_scale_manager=...)`); needed with
+                `loss_scale_group` on.
         """
         flags = self.flags
         if flags["dim_reduce"]:
             return self._dim_reduce_process(model, optimizer)
+        if flags["loss_scale_group"]:
+            return self._group_loss_scale_process(
+                model, optimizer, loss_scale_manager
+            )
         accumulation = (
             self.grad_accumulation_step if flags["grad_accumulation"] else 1
         )
@@ -313,6 +334,22 @@ class AutoBoost:
         optimizer = BoostOptimizer(optimizer, dim_reduce=dim_reduce)
         dim_reduce.prepare(model)
         return model, optimizer, [dim_reduce]
+
+    def _group_loss_scale_process(self, model, optimizer, manager):
+        """A boost model, `BoostOptimizer(optimizer, group_loss_scale=...)`
+        and the `GroupLossScale` callback (MindSpore takes the manager as
+        `Model(loss_scale_manager=...)`)."""
+        if manager is None:
+            raise ValueError(
+                "With `loss_scale_group` on, pass the model's "
+                "`keras_thor.boost.GroupLossScaleManager` as "
+                "`loss_scale_manager`. Received: loss_scale_manager=None"
+            )
+        _check_not_built(optimizer)
+        scaling = GroupLossScale(manager)
+        model = to_boost_model(model)
+        optimizer = BoostOptimizer(optimizer, group_loss_scale=scaling)
+        return model, optimizer, [scaling]
 
     def network_auto_process_eval(self, model):
         """The model to evaluate or predict with.

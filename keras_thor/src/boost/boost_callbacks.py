@@ -7,16 +7,20 @@ training step runs the algorithm and the optimizer keeps its state (saved
 with the model).
 """
 
+import keras
+
 from keras_thor.src.boost.boost_model import BoostTrainer
 from keras_thor.src.boost.boost_optimizer import BoostOptimizer
 
 
-def install(callback, model, argument):
+def install(callback, model, argument, unwrap_loss_scale=False):
     """Makes `model.optimizer` a `BoostOptimizer` with `argument=callback`.
 
     An optimizer that already runs an equal configuration (the same
     callback, or one restored from a saved model) is kept with its state.
-    A model that is not compiled is left alone (`predict`).
+    A model that is not compiled is left alone (`predict`). With
+    `unwrap_loss_scale`, a `keras.optimizers.LossScaleOptimizer` around
+    the optimizer is taken off (the callback scales instead).
     """
     feature = type(callback).__name__
     optimizer = getattr(model, "optimizer", None)
@@ -39,9 +43,22 @@ def install(callback, model, argument):
                 f"The model's optimizer already runs {feature} with other "
                 f"settings. Received: {callback!r}, running: {current!r}"
             )
+    if unwrap_loss_scale:
+        optimizer = _without_loss_scale(optimizer)
     with model.distribute_strategy.scope():
         if isinstance(optimizer, BoostOptimizer):
             optimizer = optimizer.replaced(**{argument: callback})
         else:
             optimizer = BoostOptimizer(optimizer, **{argument: callback})
     model.use_boost_optimizer(optimizer)
+
+
+def _without_loss_scale(optimizer):
+    if isinstance(optimizer, BoostOptimizer):
+        inner = _without_loss_scale(optimizer.inner_optimizer)
+        if inner is optimizer.inner_optimizer:
+            return optimizer
+        return optimizer.replaced(inner_optimizer=inner)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer.inner_optimizer
+    return optimizer

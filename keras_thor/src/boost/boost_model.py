@@ -16,6 +16,30 @@ def _boost_optimizer_of(optimizer):
     return optimizer if isinstance(optimizer, BoostOptimizer) else None
 
 
+def _loss_scale_inside(optimizer):
+    """The compiled optimizer with Keras's `mixed_float16` loss scaling
+    moved inside a `BoostOptimizer` (which then unscales and skips as the
+    `LossScaleOptimizer` would); with group loss scaling or DimReduce,
+    none at all."""
+    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer
+    boost = _boost_optimizer_of(optimizer.inner_optimizer)
+    if boost is None:
+        return optimizer
+    inner = boost.inner_optimizer
+    if (
+        boost.group_loss_scale is not None
+        or boost.dim_reduce is not None
+        or isinstance(inner, keras.optimizers.LossScaleOptimizer)
+    ):
+        return boost
+    return boost.replaced(
+        inner_optimizer=keras.optimizers.LossScaleOptimizer(
+            inner, name="loss_scale_optimizer"
+        )
+    )
+
+
 class BoostTrainer(DistributedTrainer):
     """Mixin: `fit` runs a `BoostOptimizer`'s frozen and accumulating steps.
 
@@ -24,6 +48,17 @@ class BoostTrainer(DistributedTrainer):
     on the steps that end an accumulation. With any other optimizer the
     Keras parent class's own train function runs.
     """
+
+    def compile(self, *args, **kwargs):
+        super().compile(*args, **kwargs)
+        self.optimizer = _loss_scale_inside(self.optimizer)
+
+    def compile_from_config(self, config):
+        # Keras's skips a model whose `compile` is overridden.
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if self.optimizer is not None and self.built:
+            self.optimizer.build(self.trainable_variables)
 
     def use_boost_optimizer(self, optimizer):
         """Trains with `optimizer` (a `BoostOptimizer` a boost callback

@@ -91,6 +91,34 @@ def _check_dim_reduce(dim_reduce, inner_optimizer, others):
     return dim_reduce
 
 
+def _check_group_loss_scale(group_loss_scale, inner_optimizer, others):
+    # Checked by what is used, as `grad_freeze` is.
+    if group_loss_scale is None:
+        return None
+    if not callable(getattr(group_loss_scale, "groups_of", None)):
+        raise TypeError(
+            "Argument `group_loss_scale` must be a "
+            "`keras_thor.callbacks.GroupLossScale` or None. "
+            f"Received: group_loss_scale={group_loss_scale!r}"
+        )
+    if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError(
+            "Group loss scaling replaces the global loss scale: pass the "
+            "optimizer without its `LossScaleOptimizer` (the "
+            "`GroupLossScale` callback unwraps it). Received: "
+            f"inner_optimizer={inner_optimizer!r}"
+        )
+    if any(others.values()):
+        raise ValueError(
+            "Group loss scaling runs alone in this version (MindSpore's "
+            "loss-scale cell has no freezing branch): no gradient "
+            "freezing, accumulation, AdaSum or DimReduce beside it. "
+            "Received: "
+            + ", ".join(f"{k}={v!r}" for k, v in others.items() if v)
+        )
+    return group_loss_scale
+
+
 def _check_freeze(grad_freeze):
     # Checked by what is used (the schedule's `group_at`): the freezing
     # builds boost optimizers itself (`freeze_generate`), so this module
@@ -108,8 +136,9 @@ def _check_freeze(grad_freeze):
 
 @keras_thor_export
 class BoostOptimizer(keras.optimizers.Optimizer):
-    """Wraps an optimizer with gradient centralization, gradient freezing
-    and gradient accumulation (MindSpore boost's optimizer side).
+    """Wraps an optimizer with gradient centralization, gradient freezing,
+    gradient accumulation, AdaSum, DimReduce or group loss scaling
+    (MindSpore boost's optimizer side).
 
     Per training step, with `g` the gradients of the trained variables:
 
@@ -124,6 +153,10 @@ class BoostOptimizer(keras.optimizers.Optimizer):
     With `adasum` (under a `tf.distribute` strategy) each replica instead
     takes its own inner step and the weight deltas are combined:
     `w ← w + AdasumTree(Δ_group_0, ...)` (see `keras_thor.boost.AdaSum`).
+    With `dim_reduce` the step is DimReduce's line search in a subspace
+    (`keras_thor.boost.DimReduce`); with `group_loss_scale`, each group's
+    gradients are unscaled by its own scale and the step is skipped on an
+    overflow (`keras_thor.callbacks.GroupLossScale`). Both run alone.
 
     Notation:
         - `t`: the training steps so far (`micro_steps`), overflowed ones
@@ -131,10 +164,11 @@ class BoostOptimizer(keras.optimizers.Optimizer):
         - `k`: with `grad_freeze`, the group trained at step `t`; its
           variables are the only ones that get gradients and updates.
 
-    Gradient freezing and accumulation need a model that runs the step
-    for them: `keras_thor.boost` returns one (`BoostFunctional`,
-    `BoostSequential`). With neither, this optimizer (centralization,
-    AdaSum) works in any Keras model. A non-finite gradient is applied as zero
+    Gradient freezing, accumulation, DimReduce and group loss scaling
+    need a model that runs the step for them: `keras_thor.boost` returns
+    one (`BoostFunctional`, `BoostSequential`). With none of them, this
+    optimizer (centralization, AdaSum) works in any Keras model. A
+    non-finite gradient is applied as zero
     (a `keras.optimizers.LossScaleOptimizer` inside skips the step and
     lowers its scale instead).
 
@@ -148,6 +182,10 @@ class BoostOptimizer(keras.optimizers.Optimizer):
             `keras_thor.boost.OptimizerProcess.add_grad_centralization`
             selects them with MindSpore's rule.
         adasum: A `keras_thor.boost.AdaSum`, or None.
+        dim_reduce: A `keras_thor.boost.DimReduce`, or None; the inner
+            optimizer must be `keras.optimizers.SGD(1.0)`.
+        group_loss_scale: A `keras_thor.callbacks.GroupLossScale`, or
+            None; the inner optimizer must not be a `LossScaleOptimizer`.
         name: The optimizer's name.
     """
 
@@ -159,6 +197,7 @@ class BoostOptimizer(keras.optimizers.Optimizer):
         centralized_variables=(),
         adasum=None,
         dim_reduce=None,
+        group_loss_scale=None,
         name=None,
     ):
         if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
@@ -210,6 +249,18 @@ class BoostOptimizer(keras.optimizers.Optimizer):
                 "adasum": self.adasum,
             },
         )
+        self.group_loss_scale = _check_group_loss_scale(
+            group_loss_scale,
+            self.inner_optimizer,
+            {
+                "grad_accumulation_step": self.grad_accumulation_step
+                if self.grad_accumulation_step > 1
+                else None,
+                "grad_freeze": self.grad_freeze,
+                "adasum": self.adasum,
+                "dim_reduce": self.dim_reduce,
+            },
+        )
 
     def build(self, var_list):
         """Creates the step counter, then one accumulator per variable
@@ -233,6 +284,14 @@ class BoostOptimizer(keras.optimizers.Optimizer):
             ]
         if self.dim_reduce is not None:
             self._build_dim_reduce(var_list)
+        if self.group_loss_scale is not None:
+            self._group_overflows = self.add_variable(
+                (self.group_loss_scale.group_count,),
+                "zeros",
+                "float32",
+                aggregation="none",
+                name="group_loss_scale_overflows",
+            )
         self.inner_optimizer.build(var_list)
         if self.adasum is not None:
             replicas.use_local_gradients(self.inner_optimizer)
@@ -293,6 +352,7 @@ class BoostOptimizer(keras.optimizers.Optimizer):
             self.grad_freeze is not None
             or self.grad_accumulation_step > 1
             or self.dim_reduce is not None
+            or self.group_loss_scale is not None
         )
 
     def applies_at(self, step):
@@ -326,7 +386,9 @@ class BoostOptimizer(keras.optimizers.Optimizer):
         loss_scaled = isinstance(
             self.inner_optimizer, keras.optimizers.LossScaleOptimizer
         )
-        if self.adasum is not None:
+        if self.group_loss_scale is not None:
+            self._group_scaled_apply(grads, variables)
+        elif self.adasum is not None:
             self._adasum_apply(grads, variables)
         elif self.grad_accumulation_step == 1 and loss_scaled:
             self.inner_optimizer.apply(
@@ -432,6 +494,91 @@ class BoostOptimizer(keras.optimizers.Optimizer):
             for v, old, delta in zip(variables, before, combined)
         )
 
+    def training_logs(self):
+        """What the boost algorithm is doing, for the step's logs (and so
+        `History` and `TensorBoard`)."""
+        logs = {}
+        if self.dim_reduce is not None:
+            logs["dim_reduce_step"] = ops.convert_to_tensor(
+                self._line_search_step
+            )
+        if self.group_loss_scale is not None:
+            scales = self.group_loss_scale.manager.scales
+            for j in range(self.group_loss_scale.group_count):
+                logs[f"group_{j}_loss_scale"] = scales[j + 1]
+                logs[f"group_{j}_overflows"] = self._group_overflows[j]
+        return logs
+
+    def _group_scaled_apply(self, grads, variables):
+        """Per-group overflow checks, scale updates, and the inner step
+        on gradients unscaled by their group's scale, skipped when any
+        group overflowed (see `keras_thor.callbacks.GroupLossScale`)."""
+        scaling = self.group_loss_scale
+        manager = scaling.manager
+        groups = scaling.groups_of(variables)
+        scales = manager.scales
+        overflow = ops.stack(
+            [
+                ops.logical_not(
+                    replicas.finite_on_all_replicas(
+                        [
+                            g
+                            for g, group in zip(grads, groups)
+                            if group == j and g is not None
+                        ]
+                    )
+                )
+                for j in range(scaling.group_count)
+            ]
+        )
+        skipped = ops.any(overflow)
+        factors = ops.where(
+            overflow, scaling.backoff_factor, scaling.growth_factor
+        )
+        present = [
+            (g, v, group)
+            for g, v, group in zip(grads, variables, groups)
+            if g is not None
+        ]
+        unscaled = [
+            ops.where(
+                skipped,
+                ops.zeros_like(g),
+                g / ops.cast(scales[group + 1], g.dtype),
+            )
+            for g, _, group in present
+        ]
+        updated = [v for _, v, _ in present]
+        overflows = (
+            self._group_overflows,
+            self._group_overflows + ops.cast(overflow, "float32"),
+        )
+        if replicas.replica_count() == 1:
+
+            def apply():
+                self.inner_optimizer.apply(unscaled, updated)
+                return ops.zeros(())
+
+            ops.cond(skipped, lambda: ops.zeros(()), apply)
+            replicas.assign_replicated([overflows])
+        else:
+            # Across replicas a skipped step runs the inner step on zeros
+            # and undoes it (weights and optimizer state restored): a
+            # `cond` around its all-reduce breaks under tf.distribute.
+            kept = updated + list(self.inner_optimizer.variables)
+            before = [ops.copy(ops.convert_to_tensor(v)) for v in kept]
+            self.inner_optimizer.apply(unscaled, updated)
+            replicas.assign_replicated(
+                [
+                    (v, ops.where(skipped, old, ops.convert_to_tensor(v)))
+                    for v, old in zip(kept, before)
+                ]
+                + [overflows]
+            )
+        manager.assign_scales(
+            ops.concatenate([scales[:1], scales[1:-1] * factors, scales[-1:]])
+        )
+
     def dim_reduce_direction(self, grads, components):
         """The subspace quantities of one DimReduce step (no assignment).
 
@@ -527,7 +674,6 @@ class BoostOptimizer(keras.optimizers.Optimizer):
             [ops.cast(d / count, v.dtype) for d, v in zip(deltas, variables)],
             variables,
         )
-        return step
 
     def _lower_scale_unless(self, finite):
         lso = self.inner_optimizer
@@ -551,6 +697,7 @@ class BoostOptimizer(keras.optimizers.Optimizer):
             "centralized_variables": self.centralized_variables,
             "adasum": self.adasum,
             "dim_reduce": self.dim_reduce,
+            "group_loss_scale": self.group_loss_scale,
             "name": self.name,
         }
         return BoostOptimizer(**{**arguments, **changes})
@@ -568,12 +715,21 @@ class BoostOptimizer(keras.optimizers.Optimizer):
             "centralized_variables": list(self.centralized_variables),
             "adasum": keras.saving.serialize_keras_object(self.adasum),
             "dim_reduce": keras.saving.serialize_keras_object(self.dim_reduce),
+            "group_loss_scale": keras.saving.serialize_keras_object(
+                self.group_loss_scale
+            ),
         }
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
-        for key in ("inner_optimizer", "grad_freeze", "adasum", "dim_reduce"):
+        for key in (
+            "inner_optimizer",
+            "grad_freeze",
+            "adasum",
+            "dim_reduce",
+            "group_loss_scale",
+        ):
             config[key] = keras.saving.deserialize_keras_object(
                 config[key], custom_objects=custom_objects
             )

@@ -8,7 +8,6 @@ import numpy as np
 from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.boost import boost_callbacks
 from keras_thor.src.boost import pca_matrix
-from keras_thor.src.boost.boost_optimizer import check_sgd_with_unit_rate
 from keras_thor.src.utils.validation import check_float
 from keras_thor.src.utils.validation import check_int
 
@@ -135,9 +134,9 @@ class DimReduce(keras.callbacks.Callback):
         optimizer = getattr(model, "optimizer", None)
         if optimizer is None:
             return
-        inner = getattr(optimizer, "inner_optimizer", optimizer)
-        check_sgd_with_unit_rate(inner)
-        boost_callbacks.install(self, model, "dim_reduce")
+        boost_callbacks.install(
+            self, model, "dim_reduce", unwrap_loss_scale=True
+        )
 
     def prepare(self, model):
         """Loads or computes `P` for `model` (see `pca_mat_path`), once.

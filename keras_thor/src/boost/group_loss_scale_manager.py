@@ -345,6 +345,25 @@ class GroupLossScaleManager:
         manager._status_scales = scales.tolist()
         return manager
 
+    def attach(self, model):
+        """Points this manager at the markers in `model` (a rebuilt or
+        loaded copy of the model it built, e.g. `to_boost_model`'s) and
+        its groups at `model`'s variables of the same paths."""
+        found = GroupLossScaleManager.from_model(
+            model, self.init_loss_scale, name=self.name
+        )
+        groups = None
+        if self._loss_scale_groups:
+            by_path = {v.path: v for v in model.trainable_variables}
+            groups = [
+                [by_path[v.path] for v in group if v.path in by_path]
+                for group in self._loss_scale_groups
+            ]
+        self._markers = found._markers
+        self.loss_scale_number = found.loss_scale_number
+        self._status_scales = found._status_scales
+        self.loss_scale_groups = groups
+
     def get_config(self):
         """The constructor's settings; `loss_scale_groups` (variables) are
         not part of it."""

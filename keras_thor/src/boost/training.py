@@ -33,7 +33,8 @@ def train_step(model, data, variables, update):
         scaled_loss = scaled_training_loss(model, x, y, y_pred, sample_weight)
     grads = tape.gradient(scaled_loss, variables)
     model.optimizer.boost_apply(grads, variables, update)
-    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    return {**logs, **model.optimizer.training_logs()}
 
 
 def _values(variables):
@@ -57,8 +58,8 @@ def _on_read(variable):
 
 
 def dim_reduce_train_step(model, data, variables, components):
-    """One DimReduce step: the gradient, two trial forward passes on the
-    same batch, then the optimizer's update (`BoostOptimizer.
+    """One DimReduce step: the gradient, one or two trial forward passes
+    on the same batch, then the optimizer's update (`BoostOptimizer.
     dim_reduce_apply`).
 
     The trials run in training mode from the step's own random state
@@ -89,8 +90,9 @@ def dim_reduce_train_step(model, data, variables, components):
     (loss,) = replicas.all_reduce_sum([ops.cast(loss, "float32")])
     found = optimizer.dim_reduce_direction(grads, components)
     weights = _values(variables)
-    trial_losses = []
-    for t in optimizer.dim_reduce.trial_steps:
+
+    def trial_loss(t):
+        """The batch loss at `w + t·d_n` (replica mean)."""
         tried = [
             ops.cast(w + t * d, v.dtype)
             for w, d, v in zip(weights, found["full_direction"], variables)
@@ -100,17 +102,33 @@ def dim_reduce_train_step(model, data, variables, components):
         trial = keras_internals.compute_loss(
             model, x, y, trial_pred, sample_weight
         )
-        trial_losses.append(
-            replicas.all_reduce_sum([ops.cast(trial, "float32")])[0]
+        return replicas.all_reduce_sum([ops.cast(trial, "float32")])[0]
+
+    dim_reduce = optimizer.dim_reduce
+    first, second = dim_reduce.trial_steps
+    first_loss = trial_loss(first)
+    if replicas.replica_count() == 1:
+        # The second trial only when the first fails (MindSpore's
+        # order). Across replicas both run: a collective in a `cond`
+        # breaks under tf.distribute.
+        accepted = ops.logical_and(
+            loss + dim_reduce.sigma * first * found["slope"] > first_loss,
+            ops.isfinite(first_loss),
         )
+        second_loss = ops.cond(
+            accepted, lambda: first_loss, lambda: trial_loss(second)
+        )
+    else:
+        second_loss = trial_loss(second)
+    trial_losses = [first_loss, second_loss]
     _restore(
         variables + states + metrics, weights + states_after + metrics_after
     )
-    step = optimizer.dim_reduce_apply(
+    optimizer.dim_reduce_apply(
         found, components, loss, trial_losses, grads, variables
     )
     logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-    return {**logs, "dim_reduce_step": step}
+    return {**logs, **optimizer.training_logs()}
 
 
 class BoostTrainFunction:
@@ -137,6 +155,8 @@ class BoostTrainFunction:
             if optimizer.dim_reduce is None
             else optimizer.dim_reduce.components_variable(model)
         )
+        if optimizer.group_loss_scale is not None:
+            optimizer.group_loss_scale.bind(model)
         freeze = optimizer.grad_freeze
         self._groups = (
             [variables]
