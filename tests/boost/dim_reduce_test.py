@@ -55,7 +55,7 @@ def _saved(tmp_path, matrix, name="P.npy"):
     return path
 
 
-def _boost_model(network, dim_reduce, strategy=None, optimizer=None):
+def _boost_model(network, optimizer=None):
     model = keras_thor.boost.to_boost_model(network)
     model.compile(optimizer or keras.optimizers.SGD(1.0), "mse")
     return model
@@ -149,7 +149,7 @@ def test_fit_matches_the_numpy_reference(case, tmp_path):
     dim_reduce = DimReduce(
         n_components=3, pca_mat_path=_saved(tmp_path, components), **settings
     )
-    model = _boost_model(network, dim_reduce)
+    model = _boost_model(network)
     history = _fit(model, x, y, dim_reduce)
     if case == "mixed":
         assert set(run.taken) == {1.0, settings["rho"], 0.0}, run.taken
@@ -188,7 +188,7 @@ def test_trials_reuse_the_steps_dropout_and_leave_moving_statistics(
     dim_reduce = DimReduce(
         n_components=2, pca_mat_path=_saved(tmp_path, zeros), alpha=0.0
     )
-    model = _boost_model(network, dim_reduce)
+    model = _boost_model(network)
     steps = []
     record = keras.callbacks.LambdaCallback(
         on_train_batch_end=lambda b, logs: steps.append(
@@ -221,7 +221,7 @@ def test_non_finite_batch_leaves_weights_and_state(tmp_path):
     dim_reduce = DimReduce(
         n_components=3, pca_mat_path=_saved(tmp_path, _components(network))
     )
-    model = _boost_model(network, dim_reduce)
+    model = _boost_model(network)
     _fit(model, x, y, dim_reduce, epochs=1)
     weights = helpers.weights_of(model)
     state = helpers.optimizer_state(model.optimizer)
@@ -253,7 +253,7 @@ def _state_run(tmp_path, epochs, callbacks=()):
     if not (tmp_path / "P.npy").exists():
         np.save(path, _components(network))
     dim_reduce = DimReduce(n_components=3, pca_mat_path=path, rho=0.3)
-    model = _boost_model(network, dim_reduce)
+    model = _boost_model(network)
     _fit(model, x, y, dim_reduce, epochs=epochs, callbacks=callbacks)
     return model, (x, y)
 
@@ -300,12 +300,12 @@ def test_mirrored_strategy_equals_one_device(tmp_path):
     x, y = _data()
     path = _saved(tmp_path, _components(_network()))
     settings = {"n_components": 3, "pca_mat_path": path}
-    single = _boost_model(_network(), None)
+    single = _boost_model(_network())
     single_dim = DimReduce(**settings)
     _fit(single, x, y, single_dim)
     strategy = helpers.mirrored_strategy(2)
     with strategy.scope():
-        mirrored = _boost_model(_network(), None)
+        mirrored = _boost_model(_network())
     mirrored_dim = DimReduce(**settings)
     history = _fit(mirrored, x, y, mirrored_dim)
     helpers.assert_same_training_state(mirrored, single, atol=2e-5)
@@ -370,6 +370,7 @@ def test_auto_boost_runs_dim_reduce_alone(tmp_path):
         ({"n_components": 2.0}, TypeError, "`n_components`"),
         ({"pca_mat_path": 3}, TypeError, "`pca_mat_path`"),
         ({"pca_mat_path": None}, ValueError, "needs its PCA matrix"),
+        ({"timeout": 0}, ValueError, "`timeout` must be > 0"),
     ],
 )
 def test_bad_arguments(kwargs, error, match):
@@ -385,6 +386,7 @@ def test_bad_arguments(kwargs, error, match):
         keras.optimizers.SGD(0.5),
         keras.optimizers.SGD(1.0, momentum=0.9),
         keras.optimizers.SGD(1.0, weight_decay=0.1),
+        keras.optimizers.SGD(1.0, loss_scale_factor=8.0),
     ],
 )
 def test_other_optimizers_are_refused(optimizer, tmp_path):
@@ -392,7 +394,7 @@ def test_other_optimizers_are_refused(optimizer, tmp_path):
     dim_reduce = DimReduce(
         n_components=3, pca_mat_path=_saved(tmp_path, _components(network))
     )
-    model = _boost_model(network, dim_reduce, optimizer=optimizer)
+    model = _boost_model(network, optimizer=optimizer)
     x, y = _data()
     with pytest.raises(ValueError, match="SGD\\(learning_rate=1.0\\)"):
         _fit(model, x, y, dim_reduce, epochs=1)
@@ -417,7 +419,7 @@ def test_wrong_matrix_shape_names_both_shapes(tmp_path):
     network = _network()
     path = _saved(tmp_path, np.zeros((3, 7), "float32"))
     dim_reduce = DimReduce(n_components=3, pca_mat_path=path)
-    model = _boost_model(network, dim_reduce)
+    model = _boost_model(network)
     x, y = _data()
     weights = helpers.weights_of(model)
     with pytest.raises(ValueError, match=r"\(3, 7\).*\(3, 41\)"):
@@ -435,3 +437,31 @@ def test_steps_per_execution_and_jit_compile_train_as_plain_fit(tmp_path):
         _fit(model, x, y, DimReduce(n_components=3, pca_mat_path=path))
         models.append(model)
     helpers.assert_same_training_state(models[1], models[0], atol=2e-5)
+
+
+@pytest.mark.multi_device
+def test_one_replica_strategy_trains_as_no_strategy(tmp_path):
+    # Under a strategy (even of one replica) both trials run: the same
+    # steps, no `cond` around the strategy's merge calls.
+    x, y = _data(scale=2)
+    path = _saved(tmp_path, _components(_network()))
+    settings = {"n_components": 3, "pca_mat_path": path, "rho": 0.3}
+    single = _boost_model(_network())
+    _fit(single, x, y, DimReduce(**settings))
+    with helpers.mirrored_strategy(1).scope():
+        mirrored = _boost_model(_network())
+    _fit(mirrored, x, y, DimReduce(**settings))
+    helpers.assert_same_training_state(mirrored, single, atol=2e-5)
+
+
+def test_a_callback_used_on_two_models_loads_p_for_each(tmp_path):
+    x, y = _data()
+    path = _saved(tmp_path, _components(_network()))
+    dim_reduce = DimReduce(n_components=3, pca_mat_path=path)
+    _fit(_boost_model(_network()), x, y, dim_reduce, epochs=1)
+    keras.utils.set_random_seed(0)
+    wider = keras.Sequential(
+        [keras.Input((FEATURES,)), keras.layers.Dense(9), keras.layers.Dense(1)]
+    )
+    with pytest.raises(ValueError, match=r"\(3, 41\).*\(3, 73\)"):
+        _fit(_boost_model(wider), x, y, dim_reduce, epochs=1)

@@ -66,7 +66,11 @@ def test_marker_is_the_identity_forward():
     marker = LossScaleGroup(0, 1)
     x = np.arange(6, dtype="float32").reshape(2, 3)
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(marker(x)), x)
-    assert [w.name for w in marker.weights] == ["first_scale", "second_scale"]
+    assert [w.name for w in marker.weights] == [
+        "first_scale",
+        "second_scale",
+        "overflow_probe",
+    ]
     assert marker.trainable_weights == []
 
 

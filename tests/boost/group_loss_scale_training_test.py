@@ -274,3 +274,44 @@ def test_bad_groups_and_combinations():
         GroupLossScale(manager, growth_factor=0.5)
     with pytest.raises(TypeError, match="`manager`"):
         GroupLossScale("manager")
+
+
+def test_an_overflow_passed_on_by_a_segment_is_charged_to_it():
+    # The head's input gradient (δ·W, W = 1e10) overflows at scale 1e20
+    # while its kernel gradient (x·δ) does not: the marker's probe charges
+    # the overflow to the head's group, which backs off until its
+    # segment's gradients are finite again (else it would grow for ever).
+    manager = GroupLossScaleManager([1.0, 1e20])
+    inputs = keras.Input((6,))
+    x = keras.layers.Dense(4, name="front")(manager(inputs, 0, 1))
+    head = keras.layers.Dense(
+        1, name="head", kernel_initializer=keras.initializers.Constant(1e10)
+    )
+    network = keras.Model(inputs, manager(head(manager(x, 1, 2)), 2, 3))
+    variables = network.trainable_variables
+    manager.loss_scale_groups = [variables[:2], variables[2:]]
+    model = keras_thor.boost.to_boost_model(network)
+    model.compile(keras.optimizers.SGD(1e-30), "mse")
+    callback = GroupLossScale(manager)
+    x_data, y_data = _data(16)
+    history = _fit(model, x_data, y_data, [callback], epochs=1)
+    assert history.history["group_1_overflows"] == [1.0]
+    assert manager.get_loss_scale()[1] == pytest.approx(1e20 * BACKOFF)
+    for _ in range(12):
+        _fit(model, x_data, y_data, [callback], epochs=1)
+    assert int(model.optimizer.iterations) > 0
+    assert manager.get_loss_scale()[1] < 3e19
+
+
+@pytest.mark.multi_device
+def test_one_replica_strategy_equals_no_strategy():
+    # Under a strategy a skipped step is undone, not branched around.
+    x, y = _data()
+    x, y = 100.0 * x[:16], y[:16]
+    single, manager = _compiled([4.0, 1e37])
+    _fit(single, x, y, [GroupLossScale(manager)], epochs=3)
+    with helpers.mirrored_strategy(1).scope():
+        mirrored, manager = _compiled([4.0, 1e37])
+    _fit(mirrored, x, y, [GroupLossScale(manager)], epochs=3)
+    assert numpy_value(mirrored.optimizer.iterations) < 3  # one skipped
+    helpers.assert_same_training_state(mirrored, single, atol=1e-6)

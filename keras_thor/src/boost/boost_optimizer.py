@@ -14,6 +14,11 @@ from keras_thor.src.distribute import replicas
 from keras_thor.src.utils.finite import all_finite
 from keras_thor.src.utils.validation import check_int
 
+# Group loss scales grow no further (a group whose gradients are all zero
+# would otherwise reach infinity after ~10^5 steps; 1/2^126 is still a
+# normal float32).
+MAX_GROUP_SCALE = 2.0**126
+
 # The optimizer that applies DimReduce's update as MindSpore does.
 _SGD_SETTINGS = {
     "momentum": 0.0,
@@ -24,6 +29,7 @@ _SGD_SETTINGS = {
     "global_clipnorm": None,
     "use_ema": False,
     "gradient_accumulation_steps": None,
+    "loss_scale_factor": None,
 }
 
 
@@ -364,8 +370,9 @@ class BoostOptimizer(keras.optimizers.Optimizer):
         gradients; no freezing or accumulation outside a boost model)."""
         if self.needs_boost_model:
             raise ValueError(
-                "Gradient freezing and accumulation run in the training "
-                "step of a `keras_thor.boost` model: pass your model through "
+                "Gradient freezing, accumulation, DimReduce and group loss "
+                "scaling run in the training step of a `keras_thor.boost` "
+                "model: pass your model through "
                 "`keras_thor.boost.AutoBoost(...).network_auto_process_train`"
                 " or `keras_thor.boost.to_boost_model`. Received: a "
                 "`BoostOptimizer` applied by another training step."
@@ -374,11 +381,20 @@ class BoostOptimizer(keras.optimizers.Optimizer):
             trainable_variables = keras_internals.trained_variables(self)
         self.boost_apply(list(grads), list(trainable_variables), True)
 
-    def boost_apply(self, grads, variables, update):
+    def overflow_probes(self):
+        """The overflow probes of the group loss scale markers, one per
+        group (their gradients tell which segments overflowed), or []."""
+        if self.group_loss_scale is None:
+            return []
+        return self.group_loss_scale.overflow_probes()
+
+    def boost_apply(self, grads, variables, update, segment_overflows=()):
         """One training step's gradients of `variables` (per replica).
 
         `update`: whether this step updates the weights (the last of `N`
         micro-steps); otherwise the gradients are only accumulated.
+        `segment_overflows`: with group loss scaling, the gradients of
+        `overflow_probes()` (1 where a segment's backward pass overflowed).
         """
         if not self.built:
             self.build(variables)
@@ -387,7 +403,7 @@ class BoostOptimizer(keras.optimizers.Optimizer):
             self.inner_optimizer, keras.optimizers.LossScaleOptimizer
         )
         if self.group_loss_scale is not None:
-            self._group_scaled_apply(grads, variables)
+            self._group_scaled_apply(grads, variables, segment_overflows)
         elif self.adasum is not None:
             self._adasum_apply(grads, variables)
         elif self.grad_accumulation_step == 1 and loss_scaled:
@@ -509,7 +525,7 @@ class BoostOptimizer(keras.optimizers.Optimizer):
                 logs[f"group_{j}_overflows"] = self._group_overflows[j]
         return logs
 
-    def _group_scaled_apply(self, grads, variables):
+    def _group_scaled_apply(self, grads, variables, segment_overflows):
         """Per-group overflow checks, scale updates, and the inner step
         on gradients unscaled by their group's scale, skipped when any
         group overflowed (see `keras_thor.callbacks.GroupLossScale`)."""
@@ -517,16 +533,27 @@ class BoostOptimizer(keras.optimizers.Optimizer):
         manager = scaling.manager
         groups = scaling.groups_of(variables)
         scales = manager.scales
+        # A group overflows when one of its gradients, or the gradient
+        # its segment passes on (its marker's probe), is not finite.
+        segments = replicas.all_reduce_sum(
+            [
+                ops.zeros(()) if o is None else ops.cast(o, "float32")
+                for o in segment_overflows
+            ]
+        )
         overflow = ops.stack(
             [
-                ops.logical_not(
-                    replicas.finite_on_all_replicas(
-                        [
-                            g
-                            for g, group in zip(grads, groups)
-                            if group == j and g is not None
-                        ]
-                    )
+                ops.logical_or(
+                    ops.logical_not(
+                        replicas.finite_on_all_replicas(
+                            [
+                                g
+                                for g, group in zip(grads, groups)
+                                if group == j and g is not None
+                            ]
+                        )
+                    ),
+                    segments[j] > 0,
                 )
                 for j in range(scaling.group_count)
             ]
@@ -553,7 +580,7 @@ class BoostOptimizer(keras.optimizers.Optimizer):
             self._group_overflows,
             self._group_overflows + ops.cast(overflow, "float32"),
         )
-        if replicas.replica_count() == 1:
+        if not replicas.under_strategy():
 
             def apply():
                 self.inner_optimizer.apply(unscaled, updated)
@@ -562,9 +589,9 @@ class BoostOptimizer(keras.optimizers.Optimizer):
             ops.cond(skipped, lambda: ops.zeros(()), apply)
             replicas.assign_replicated([overflows])
         else:
-            # Across replicas a skipped step runs the inner step on zeros
+            # Under a strategy a skipped step runs the inner step on zeros
             # and undoes it (weights and optimizer state restored): a
-            # `cond` around its all-reduce breaks under tf.distribute.
+            # `cond` around its merge call breaks under tf.distribute.
             kept = updated + list(self.inner_optimizer.variables)
             before = [ops.copy(ops.convert_to_tensor(v)) for v in kept]
             self.inner_optimizer.apply(unscaled, updated)
@@ -575,9 +602,8 @@ class BoostOptimizer(keras.optimizers.Optimizer):
                 ]
                 + [overflows]
             )
-        manager.assign_scales(
-            ops.concatenate([scales[:1], scales[1:-1] * factors, scales[-1:]])
-        )
+        grown = ops.minimum(scales[1:-1] * factors, MAX_GROUP_SCALE)
+        manager.assign_scales(ops.concatenate([scales[:1], grown, scales[-1:]]))
 
     def dim_reduce_direction(self, grads, components):
         """The subspace quantities of one DimReduce step (no assignment).
@@ -589,15 +615,12 @@ class BoostOptimizer(keras.optimizers.Optimizer):
         """
         flat = ops.concatenate([ops.reshape(g, (-1,)) for g in grads])
         subspace_gradient = ops.matmul(components, flat)
-        first = ops.equal(self.micro_steps, 0)
-        inverse_hessian = ops.where(
-            first,
+        # Until a step is accepted s = 0, so yᵀs = 0 keeps B = I: the
+        # first step's skipped update.
+        inverse_hessian = bfgs_inverse_update(
             self._inverse_hessian,
-            bfgs_inverse_update(
-                self._inverse_hessian,
-                self._subspace_step,
-                subspace_gradient - self._previous_subspace_gradient,
-            ),
+            self._subspace_step,
+            subspace_gradient - self._previous_subspace_gradient,
         )
         direction = -ops.matmul(inverse_hessian, subspace_gradient)
         return {
@@ -627,8 +650,7 @@ class BoostOptimizer(keras.optimizers.Optimizer):
             all_finite([found["flat_gradient"]]), ops.isfinite(loss)
         )
         step = ops.where(finite, step, 0.0)
-        accepted = step > 0
-        kept = ops.logical_and(finite, accepted)
+        kept = step > 0  # never when not finite
         projected = _split_like(
             ops.matmul(found["subspace_gradient"], components), grads
         )

@@ -121,6 +121,11 @@ class DimReduce(keras.callbacks.Callback):
                 "weight_load_dir=None"
             )
         self.timeout = check_float("timeout", timeout, minimum=0.0)
+        if self.timeout == 0.0:
+            raise ValueError(
+                f"Argument `timeout` must be > 0. Received: timeout={timeout!r}"
+            )
+        self._prepared_for = None
         self._components = None
         self._variable = None
 
@@ -139,30 +144,33 @@ class DimReduce(keras.callbacks.Callback):
         )
 
     def prepare(self, model):
-        """Loads or computes `P` for `model` (see `pca_mat_path`), once.
+        """Loads or computes `P` for `model` (see `pca_mat_path`), once
+        per model.
 
         Afterwards `pca_mat_path` names the file `P` came from, so a saved
         model's configuration finds it again.
         """
-        if self._components is not None:
-            return self._components
-        components, path = pca_matrix.pca_matrix(
-            model,
-            self.n_components,
-            pca_mat_path=self.pca_mat_path,
-            weight_load_dir=self.weight_load_dir,
-            timeout=self.timeout,
-            is_chief=_strategy_is_chief(model),
-        )
-        self.pca_mat_path = path
-        self._components = np.asarray(components, dtype="float32")
+        if self._prepared_for is not model:
+            self._components, self._variable = None, None
+            self._prepared_for = model
+        if self._components is None:
+            components, path = pca_matrix.pca_matrix(
+                model,
+                self.n_components,
+                pca_mat_path=self.pca_mat_path,
+                weight_load_dir=self.weight_load_dir,
+                timeout=self.timeout,
+                is_chief=_strategy_is_chief(model),
+            )
+            self.pca_mat_path = path
+            self._components = np.asarray(components, dtype="float32")
         return self._components
 
     def components_variable(self, model):
         """`P` as a non-trainable float32 variable of `model`'s strategy
-        (one copy per replica), made once; not a model weight: a saved
-        model finds it again through `pca_mat_path`."""
-        if getattr(self, "_variable", None) is None:
+        (one copy per replica), made once per model; not a model weight:
+        a saved model finds it again through `pca_mat_path`."""
+        if self._prepared_for is not model or self._variable is None:
             components = self.prepare(model)
             with model.distribute_strategy.scope():
                 self._variable = keras.Variable(
@@ -171,6 +179,7 @@ class DimReduce(keras.callbacks.Callback):
                     trainable=False,
                     name="dim_reduce_pca_matrix",
                 )
+            self._components = None  # one copy of P in memory
         return self._variable
 
     def same_settings(self, other):

@@ -26,7 +26,8 @@ def _paths(groups):
     if not groups:
         raise ValueError(
             "The manager's `loss_scale_groups` are not set: assign a list "
-            "of lists of variables to `manager.loss_scale_groups` first."
+            "of lists of variables to `manager.loss_scale_groups` first. "
+            f"Received: manager.loss_scale_groups={groups!r}"
         )
     return [[variable.path for variable in group] for group in groups]
 
@@ -41,7 +42,9 @@ class GroupLossScale(keras.callbacks.Callback):
     per segment):
 
     ```
-    overflow_j = some gradient of group j is not finite (on any replica)
+    overflow_j = some gradient of group j, or the gradient its segment
+                 passes on (its marker's probe), is not finite (on any
+                 replica)
     s[j+1] ← s[j+1] · (backoff_factor if overflow_j else growth_factor)
     any overflow_j: the step is skipped (weights and optimizer untouched)
     else: g_p ← g_p / s_old[j(p) + 1]; the optimizer applies g
@@ -65,7 +68,8 @@ class GroupLossScale(keras.callbacks.Callback):
     set gets `set_loss_scale_status(len(groups), init_loss_scale)` on the
     model's markers, as MindSpore's training cell does. The scales
     (`group_{j}_loss_scale`) and each group's overflow count
-    (`group_{j}_overflows`) are logged.
+    (`group_{j}_overflows`) are logged. The scales grow no further than
+    2^126.
 
     Args:
         manager: The `keras_thor.boost.GroupLossScaleManager` whose markers
@@ -101,7 +105,8 @@ class GroupLossScale(keras.callbacks.Callback):
             manager_name = manager.name
             init_loss_scale = manager.init_loss_scale
             group_paths = _paths(manager.loss_scale_groups)
-            self._status_set = manager.loss_scale_number is not None
+            # The callback sets the status when the user did not.
+            self._sets_status = manager.loss_scale_number is None
         elif manager_name is None or group_paths is None:
             raise ValueError(
                 "Argument `manager` must be a "
@@ -109,12 +114,13 @@ class GroupLossScale(keras.callbacks.Callback):
                 "manager=None"
             )
         else:
-            self._status_set = True  # restored: the markers hold the scales
+            self._sets_status = False  # restored: the markers hold them
         self.manager_name = manager_name
         self.init_loss_scale = init_loss_scale
         self.group_paths = [list(group) for group in group_paths]
         # The user's manager follows the model trained (`attach`).
         self._given_manager = manager
+        self._status_markers = None
         self.manager = None
 
     @property
@@ -149,13 +155,21 @@ class GroupLossScale(keras.callbacks.Callback):
                 f"{manager.loss_scale_number} groups, but the manager has "
                 f"{self.group_count} `loss_scale_groups`"
             )
-        if not self._status_set:
+        markers = [id(marker) for marker in manager.markers]
+        if self._sets_status and markers != self._status_markers:
+            # Once per model: later binds (each `fit`) keep the scales.
             manager.set_loss_scale_status(
                 self.group_count, self.init_loss_scale
             )
-            self._status_set = True
+            self._status_markers = markers
         self.manager = manager
         return manager
+
+    def overflow_probes(self):
+        """The `overflow_probe` of markers `(j, j+1)`, `j < n`: the
+        gradient of probe `j` is 1 when segment `j + 1` (group `j`)
+        overflowed in its backward pass."""
+        return [marker.overflow_probe for marker in self.manager.markers[:-1]]
 
     def _resolve(self, model):
         by_path = {v.path: v for v in model.trainable_variables}

@@ -119,8 +119,8 @@ class GroupLossScaleManager:
     with `len(loss_scale_groups)` and `init_loss_scale`; markers made
     later start at the scales it set. A loaded model's markers keep their
     scales as weights (see `LossScaleGroup`); `from_model` gives them a
-    manager again. Training with per-group overflow checks is not part of
-    this class yet.
+    manager again. `keras_thor.callbacks.GroupLossScale` trains with it
+    (per-group overflow checks and scale updates).
 
     Args:
         init_loss_scale: Positive float, or a list of one per group.

@@ -25,16 +25,20 @@ def train_step(model, data, variables, update):
     import tensorflow as tf
 
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    optimizer = model.optimizer
+    # The group loss scale markers' overflow probes, one per group.
+    probes = optimizer.overflow_probes()
     # Only the trained variables are watched: the frozen front's forward
     # pass is not recorded, so no backward pass reaches it.
     with tf.GradientTape(watch_accessed_variables=False) as tape:
-        tape.watch([v.value for v in variables])
+        tape.watch([v.value for v in variables + probes])
         y_pred = training_call(model, x)
         scaled_loss = scaled_training_loss(model, x, y, y_pred, sample_weight)
-    grads = tape.gradient(scaled_loss, variables)
-    model.optimizer.boost_apply(grads, variables, update)
+    grads = tape.gradient(scaled_loss, variables + probes)
+    grads, overflows = grads[: len(variables)], grads[len(variables) :]
+    optimizer.boost_apply(grads, variables, update, overflows)
     logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-    return {**logs, **model.optimizer.training_logs()}
+    return {**logs, **optimizer.training_logs()}
 
 
 def _values(variables):
@@ -107,10 +111,10 @@ def dim_reduce_train_step(model, data, variables, components):
     dim_reduce = optimizer.dim_reduce
     first, second = dim_reduce.trial_steps
     first_loss = trial_loss(first)
-    if replicas.replica_count() == 1:
+    if not replicas.under_strategy():
         # The second trial only when the first fails (MindSpore's
-        # order). Across replicas both run: a collective in a `cond`
-        # breaks under tf.distribute.
+        # order). Under a strategy both run: a collective or merge call
+        # in a `cond` breaks under tf.distribute.
         accepted = ops.logical_and(
             loss + dim_reduce.sigma * first * found["slope"] > first_loss,
             ops.isfinite(first_loss),
@@ -147,7 +151,8 @@ class BoostTrainFunction:
         optimizer = model.optimizer
         variables = list(model.trainable_variables)
         if not optimizer.built:
-            # A boost callback's optimizer is made outside the scope.
+            # Its variables are the strategy's (a boost callback may have
+            # made the optimizer outside its scope).
             with model.distribute_strategy.scope():
                 optimizer.build(variables)
         self._components = (

@@ -31,6 +31,16 @@ def replica_count():
     return tf.distribute.get_strategy().num_replicas_in_sync
 
 
+def under_strategy():
+    """Whether a tf.distribute strategy (even of one replica) runs this
+    step: its merge calls then break inside a `cond`."""
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return tf.distribute.has_strategy()
+
+
 def all_reduce_sum(tensors):
     """The sums of `tensors` (a list) over the replicas."""
     context = _replica_context()

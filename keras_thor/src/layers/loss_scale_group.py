@@ -8,8 +8,10 @@ from keras_thor.src.utils.validation import check_int
 
 
 @ops.custom_gradient
-def _scale_gradient(x, ratio):
-    """`x` forward; the gradient times `ratio`, in at least float32."""
+def _scale_gradient(x, ratio, probe):
+    """`x` forward; the gradient times `ratio`, in at least float32. The
+    gradient of `probe` is 1 when the incoming gradient is not finite,
+    else 0 (the overflow check of the segment after the marker)."""
 
     def grad(*args, upstream=None):
         if upstream is None:
@@ -17,7 +19,12 @@ def _scale_gradient(x, ratio):
         dtype = keras.backend.standardize_dtype(x.dtype)
         wide = keras.backend.result_type(dtype, "float32")
         scaled = ops.cast(upstream, wide) * ops.cast(ratio, wide)
-        return ops.cast(scaled, dtype), ops.zeros_like(ratio)
+        overflow = ops.logical_not(ops.all(ops.isfinite(upstream)))
+        return (
+            ops.cast(scaled, dtype),
+            ops.zeros_like(ratio),
+            ops.cast(overflow, probe.dtype),
+        )
 
     return x, grad
 
@@ -52,6 +59,11 @@ class LossScaleGroup(keras.layers.Layer):
         - segment `g`: the layers between markers `(g−1, g)` and
           `(g, g+1)`; its backward pass runs at scale `s[g]`, and the
           gradient of the inputs at `s[0] = 1`.
+
+    The marker also tells whether the gradient reaching it from the
+    segment after it is finite: the gradient of its `overflow_probe`
+    weight (0, never read forward) is 1 when it is not, 0 when it is
+    (MindSpore's per-segment overflow status; `GroupLossScale` takes it).
 
     Where the scales live: each marker owns two non-trainable float32
     scalar weights, `first_scale` (`s[first]`) and `second_scale`
@@ -93,13 +105,14 @@ class LossScaleGroup(keras.layers.Layer):
         self.supports_masking = True
         self.first_scale = self._scale_weight("first_scale")
         self.second_scale = self._scale_weight("second_scale")
+        self.overflow_probe = self._scale_weight("overflow_probe", "zeros")
         self.built = True
 
-    def _scale_weight(self, name):
+    def _scale_weight(self, name, initializer="ones"):
         return self.add_weight(
             name=name,
             shape=(),
-            initializer="ones",
+            initializer=initializer,
             dtype="float32",
             trainable=False,
             autocast=False,
@@ -112,7 +125,11 @@ class LossScaleGroup(keras.layers.Layer):
         return ops.divide(self.first_scale, self.second_scale)
 
     def call(self, inputs):
-        return _scale_gradient(inputs, ops.stop_gradient(self.ratio()))
+        return _scale_gradient(
+            inputs,
+            ops.stop_gradient(self.ratio()),
+            ops.convert_to_tensor(self.overflow_probe),
+        )
 
     def compute_output_spec(self, inputs):
         return keras.KerasTensor(inputs.shape, dtype=inputs.dtype)
