@@ -13,6 +13,14 @@ from keras_thor.src.boost.boost_model import BoostTrainer
 from keras_thor.src.boost.boost_optimizer import BoostOptimizer
 
 
+class BoostCallback(keras.callbacks.Callback):
+    """A callback that `install`s its boost algorithm in `set_model`."""
+
+    def same_settings(self, other):
+        """Whether `other` runs with the same settings (an equal config)."""
+        return self.get_config() == other.get_config()
+
+
 def install(callback, model, argument, unwrap_loss_scale=False):
     """Makes `model.optimizer` a `BoostOptimizer` with `argument=callback`.
 

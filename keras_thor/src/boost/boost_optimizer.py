@@ -8,6 +8,7 @@ from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.boost.adasum import AdaSum
 from keras_thor.src.boost.adasum import adasum_tree
 from keras_thor.src.boost.centralization import centralize_gradient
+from keras_thor.src.boost.snapshots import snapshot
 from keras_thor.src.boost.subspace_bfgs import armijo_step
 from keras_thor.src.boost.subspace_bfgs import bfgs_inverse_update
 from keras_thor.src.distribute import replicas
@@ -76,6 +77,17 @@ def check_sgd_with_unit_rate(optimizer):
     )
 
 
+def _check_alone(message, others, refused):
+    """Raises `message` with the enabled algorithms among `others` (a
+    dict, name to setting) that `refused` names, if there are any."""
+    enabled = [(name, others[name]) for name in refused if others[name]]
+    if enabled:
+        raise ValueError(
+            f"{message} Received: "
+            + ", ".join(f"{name}={value!r}" for name, value in enabled)
+        )
+
+
 def _check_dim_reduce(dim_reduce, inner_optimizer, others):
     # Checked by what is used, as `grad_freeze` is (DimReduce makes boost
     # optimizers itself when it installs).
@@ -86,13 +98,18 @@ def _check_dim_reduce(dim_reduce, inner_optimizer, others):
             "Argument `dim_reduce` must be a `keras_thor.boost.DimReduce` "
             f"or None. Received: dim_reduce={dim_reduce!r}"
         )
-    if any(others.values()):
-        raise ValueError(
-            "DimReduce runs alone (MindSpore's training cell takes its "
-            "branch only): no gradient freezing, accumulation, "
-            "centralization or AdaSum beside it. Received: "
-            + ", ".join(f"{k}={v!r}" for k, v in others.items() if v)
-        )
+    _check_alone(
+        "DimReduce runs alone (MindSpore's training cell takes its "
+        "branch only): no gradient freezing, accumulation, "
+        "centralization or AdaSum beside it.",
+        others,
+        (
+            "grad_accumulation_step",
+            "grad_freeze",
+            "centralized_variables",
+            "adasum",
+        ),
+    )
     check_sgd_with_unit_rate(inner_optimizer)
     return dim_reduce
 
@@ -114,14 +131,13 @@ def _check_group_loss_scale(group_loss_scale, inner_optimizer, others):
             "`GroupLossScale` callback unwraps it). Received: "
             f"inner_optimizer={inner_optimizer!r}"
         )
-    if any(others.values()):
-        raise ValueError(
-            "Group loss scaling runs alone in this version (MindSpore's "
-            "loss-scale cell has no freezing branch): no gradient "
-            "freezing, accumulation, AdaSum or DimReduce beside it. "
-            "Received: "
-            + ", ".join(f"{k}={v!r}" for k, v in others.items() if v)
-        )
+    _check_alone(
+        "Group loss scaling runs alone in this version (MindSpore's "
+        "loss-scale cell has no freezing branch): no gradient "
+        "freezing, accumulation, AdaSum or DimReduce beside it.",
+        others,
+        ("grad_accumulation_step", "grad_freeze", "adasum", "dim_reduce"),
+    )
     return group_loss_scale
 
 
@@ -243,29 +259,22 @@ class BoostOptimizer(keras.optimizers.Optimizer):
         self.adasum = _check_adasum(
             adasum, self.inner_optimizer, self.grad_accumulation_step
         )
+        # The other algorithms, which DimReduce and group loss scaling
+        # check they run without.
+        others = {
+            "grad_accumulation_step": self.grad_accumulation_step
+            if self.grad_accumulation_step > 1
+            else None,
+            "grad_freeze": self.grad_freeze,
+            "centralized_variables": self.centralized_variables,
+            "adasum": self.adasum,
+        }
         self.dim_reduce = _check_dim_reduce(
-            dim_reduce,
-            self.inner_optimizer,
-            {
-                "grad_accumulation_step": self.grad_accumulation_step
-                if self.grad_accumulation_step > 1
-                else None,
-                "grad_freeze": self.grad_freeze,
-                "centralized_variables": self.centralized_variables,
-                "adasum": self.adasum,
-            },
+            dim_reduce, self.inner_optimizer, others
         )
+        others["dim_reduce"] = self.dim_reduce
         self.group_loss_scale = _check_group_loss_scale(
-            group_loss_scale,
-            self.inner_optimizer,
-            {
-                "grad_accumulation_step": self.grad_accumulation_step
-                if self.grad_accumulation_step > 1
-                else None,
-                "grad_freeze": self.grad_freeze,
-                "adasum": self.adasum,
-                "dim_reduce": self.dim_reduce,
-            },
+            group_loss_scale, self.inner_optimizer, others
         )
 
     def build(self, var_list):
@@ -493,7 +502,7 @@ class BoostOptimizer(keras.optimizers.Optimizer):
                 for gathered in replicas.all_gather(grads)
             ]
         variables = [v for _, v in present]
-        before = [ops.copy(ops.convert_to_tensor(v)) for v in variables]
+        before = snapshot(variables)
         self.inner_optimizer.apply(grads, variables)
         deltas = replicas.all_gather(
             [
@@ -593,7 +602,7 @@ class BoostOptimizer(keras.optimizers.Optimizer):
             # and undoes it (weights and optimizer state restored): a
             # `cond` around its merge call breaks under tf.distribute.
             kept = updated + list(self.inner_optimizer.variables)
-            before = [ops.copy(ops.convert_to_tensor(v)) for v in kept]
+            before = snapshot(kept)
             self.inner_optimizer.apply(unscaled, updated)
             replicas.assign_replicated(
                 [

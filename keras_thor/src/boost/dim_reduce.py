@@ -37,7 +37,7 @@ def _strategy_is_chief(model):
 
 
 @keras_thor_export
-class DimReduce(keras.callbacks.Callback):
+class DimReduce(boost_callbacks.BoostCallback):
     """Trains in a low-dimensional subspace with BFGS and a line search:
     MindSpore's `mindspore.boost.DimReduce` (DLDR, Li et al., 2022).
 

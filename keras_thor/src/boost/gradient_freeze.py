@@ -29,7 +29,7 @@ def _attaches_to_previous(variable, layer):
 
 
 @keras_thor_export
-class GradientFreeze(keras.callbacks.Callback):
+class GradientFreeze(boost_callbacks.BoostCallback):
     """Trains a suffix of the network on some steps: MindSpore's
     `mindspore.boost.GradientFreeze`, and the Keras callback that runs it.
 
@@ -96,10 +96,6 @@ class GradientFreeze(keras.callbacks.Callback):
     def set_model(self, model):
         super().set_model(model)
         boost_callbacks.install(self, model, "grad_freeze")
-
-    def same_settings(self, other):
-        """Whether `other` freezes the same way."""
-        return self.get_config() == other.get_config()
 
     def split_parameters_groups(self, model, freeze_para_groups_number=None):
         """The groups of `model`'s trainable variables (lists, suffixes)."""

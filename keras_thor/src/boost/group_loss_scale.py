@@ -1,7 +1,5 @@
 """`GroupLossScale`: training with one dynamic loss scale per group."""
 
-import keras
-
 from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.boost import boost_callbacks
 from keras_thor.src.boost.group_loss_scale_manager import GroupLossScaleManager
@@ -33,7 +31,7 @@ def _paths(groups):
 
 
 @keras_thor_export
-class GroupLossScale(keras.callbacks.Callback):
+class GroupLossScale(boost_callbacks.BoostCallback):
     """Trains with one dynamic loss scale per group of variables:
     MindSpore's `BoostTrainOneStepWithLossScaleCell` with a
     `GroupLossScaleManager`, as a Keras callback.
@@ -192,10 +190,6 @@ class GroupLossScale(keras.callbacks.Callback):
     def groups_of(self, variables):
         """The group index of each of `variables` (a list of ints)."""
         return self.manager.group_of_variables(variables)
-
-    def same_settings(self, other):
-        """Whether `other` scales the same groups the same way."""
-        return self.get_config() == other.get_config()
 
     def get_config(self):
         return {

@@ -13,6 +13,7 @@ from keras import ops
 
 from keras_thor.src import keras_internals
 from keras_thor.src.backend.values import numpy_value
+from keras_thor.src.boost.snapshots import snapshot
 from keras_thor.src.distribute import replicas
 from keras_thor.src.distribute.train_step import reduce_logs
 from keras_thor.src.distribute.train_step import scaled_training_loss
@@ -39,11 +40,6 @@ def train_step(model, data, variables, update):
     optimizer.boost_apply(grads, variables, update, overflows)
     logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
     return {**logs, **optimizer.training_logs()}
-
-
-def _values(variables):
-    """The variables' values now (copies: later assignments leave them)."""
-    return [ops.copy(ops.convert_to_tensor(v)) for v in variables]
 
 
 def _restore(variables, values):
@@ -75,14 +71,14 @@ def dim_reduce_train_step(model, data, variables, components):
     optimizer = model.optimizer
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     states = list(model.non_trainable_variables)
-    states_before = _values(states)
+    states_before = snapshot(states)
     with tf.GradientTape() as tape:
         y_pred = training_call(model, x)
         loss = scaled_training_loss(model, x, y, y_pred, sample_weight)
     grads = tape.gradient(loss, variables)
-    states_after = _values(states)
+    states_after = snapshot(states)
     metrics = list(model.metrics_variables)
-    metrics_after = _values(metrics)
+    metrics_after = snapshot(metrics)
     grads = replicas.all_reduce_sum(
         [
             ops.zeros(v.shape, "float32")
@@ -93,7 +89,7 @@ def dim_reduce_train_step(model, data, variables, components):
     )
     (loss,) = replicas.all_reduce_sum([ops.cast(loss, "float32")])
     found = optimizer.dim_reduce_direction(grads, components)
-    weights = _values(variables)
+    weights = snapshot(variables)
 
     def trial_loss(t):
         """The batch loss at `w + t·d_n` (replica mean)."""
