@@ -197,18 +197,6 @@ def first_moment(model, path):
     return numpy_value(inner.momentums[index]).astype("float64")
 
 
-class EpochTimer(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.seconds = []
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.seconds.append(time.perf_counter() - self._start)
-
-
 def probe(seed, data):
     """One SGD step on the first batch: the front kernel's −lr·g."""
     x_train, _, y_train, _ = data
@@ -254,7 +242,7 @@ def train(config, seed, optimizer_name, data, epochs):
     x_train, x_test, y_train, y_test = data
     model, callbacks = build(config, seed, optimizer_name)
     front0, main0 = kernel(model, "front"), kernel(model, "main")
-    timer = EpochTimer()
+    timer = tasks.EpochTimer()
     keras.utils.set_random_seed(seed)
     history = model.fit(
         x_train,
@@ -300,7 +288,7 @@ def train(config, seed, optimizer_name, data, epochs):
 def interleaved_timing(trained, x_train, y_train, rounds):
     """`rounds` rounds of one epoch of each trained model in turn (after
     every accuracy was measured): each one's median epoch time."""
-    timers = {config: EpochTimer() for config in trained}
+    timers = {config: tasks.EpochTimer() for config in trained}
     for _ in range(rounds):
         for config, (model, callbacks) in trained.items():
             model.fit(

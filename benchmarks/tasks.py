@@ -18,6 +18,7 @@ Also the digits helpers the other benchmarks import (`digits`, `mlp`,
 
 import functools
 import os
+import time
 
 import keras
 import numpy as np
@@ -363,3 +364,17 @@ def reconstruction_error(model, pixels):
     sigmoid = 0.5 * (1.0 + np.tanh(0.5 * logits))  # no overflow
     error = np.mean(np.square(sigmoid - pixels))
     return float(error)
+
+
+class EpochTimer(keras.callbacks.Callback):
+    """Seconds of every epoch."""
+
+    def __init__(self):
+        super().__init__()
+        self.seconds = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seconds.append(time.perf_counter() - self._start)

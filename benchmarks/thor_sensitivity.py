@@ -28,6 +28,7 @@ import tasks  # noqa: E402
 import keras_thor  # noqa: E402
 
 BATCH = 128
+TASKS = ("resnet", "autoencoder", "transformer")
 SCALES = (1 / 3, 1.0, 3.0)
 
 
@@ -119,10 +120,7 @@ def run(name, guarded, learning_rate, damping, epochs, seed):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--tasks",
-        nargs="+",
-        default=["resnet", "autoencoder", "transformer"],
-        choices=["resnet", "autoencoder", "transformer"],
+        "--tasks", nargs="+", default=list(TASKS), choices=TASKS
     )
     parser.add_argument(
         "--settings",

@@ -207,16 +207,23 @@ OPTIONS = dict(
     statistics_frequency=1,
     kl_clip=1e-3,
     precondition_biases="all",
+    trace_thresholds=(0.05, 0.0),
 )
 
 
-def test_averaging_and_guard_on_two_replicas_equal_one_device():
+def test_averaging_guard_and_trace_rule_on_two_replicas_equal_one_device():
     single = _model(run_eagerly=True, **OPTIONS)  # faster than tracing
     single_history = _fit(single)
     mirrored = _model(helpers.mirrored_strategy(2), **OPTIONS)
     mirrored_history = _fit(mirrored)
     assert min(single_history.history["thor_guard_scale"]) < 1.0
-    for name in ("loss", "thor_guard_scale", "thor_refreshes"):
+    assert single_history.history["thor_kept_inversions"][-1] > 0
+    for name in (
+        "loss",
+        "thor_guard_scale",
+        "thor_refreshes",
+        "thor_kept_inversions",
+    ):
         np.testing.assert_allclose(
             mirrored_history.history[name],
             single_history.history[name],

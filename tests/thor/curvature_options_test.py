@@ -414,6 +414,11 @@ BAD_OPTIONS = [
     ),
     ({"fisher": "exact"}, ValueError, "fisher='exact'"),
     ({"fisher": None}, ValueError, "fisher=None"),
+    (
+        {"precondition_biases": "some"},
+        ValueError,
+        r"must be one of \(None, 'shared', 'all'\).*precondition_biases='some'",
+    ),
     ({"kl_clip": 0}, ValueError, r"`kl_clip` must be > 0 or None"),
     ({"kl_clip": -1e-3}, ValueError, "kl_clip=-0.001"),
     ({"kl_clip": "1e-3"}, TypeError, "`kl_clip` must be a float"),

@@ -12,6 +12,11 @@ statistics steps: t = 0, k, 2k, ...   (k = statistics_frequency or frequency)
     with factor_decay α: F = Σ_i α^(t_last - t_i) F_i / Σ_i α^(t_last - t_i)
         over the statistics steps so far (kept as the list of all of them)
 refresh steps: t = 0, f, 2f, ...: inverses of F (as reference.layer_inverses)
+    with trace_thresholds (ω₁, ω₂), per layer, T = tr((c·A + √λI) ⊗ (c·G + √λI))
+    formed as a Kronecker product, T_last its value at the layer's last
+    inversion, Δ = |T − T_last| / T_last:
+        first inversion or Δ > ω₁: invert; Δ < ω₂: the layer stops for good;
+        otherwise keep the inverses
 every step: d = A⁻¹ g G⁻¹ for the THOR kernels,
     ν = min(1, sqrt(kl_clip / |lr² · Σ ⟨d, g⟩|))  (1 without kl_clip),
     d ← ν · d, then weight decay, clipping and momentum as MindSpore.
@@ -32,6 +37,18 @@ def averaged(factors, decay):
     return total / sum(weights)
 
 
+def damped_trace(layer_spec, factors, damping):
+    """`tr((c·A + √λI) ⊗ (c·G + √λI))`, the Kronecker product formed."""
+    a_factor, g_factor, scale = factors
+    shift = math.sqrt(damping)
+    if layer_spec["type"] == "embedding":
+        a_damped = np.diag(np.asarray(a_factor, np.float64) + shift)
+    else:
+        a_damped = scale * a_factor + shift * np.eye(len(a_factor))
+    g_damped = scale * g_factor + shift * np.eye(len(g_factor))
+    return float(np.trace(np.kron(a_damped, g_damped)))
+
+
 def guard_scale(directions, gradients, learning_rate, kl_clip):
     """kfac-pytorch's KL clip `ν` over pairs of directions and gradients."""
     inner = sum(float(np.sum(d * g)) for d, g in zip(directions, gradients))
@@ -50,7 +67,9 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
     `statistics_loss` is the loss they are taken at (default: `loss`).
     After each step, `guard_scales` holds every step's `ν` and
     `statistics_steps` the statistics steps so far; `factors[i]` is
-    layer `i`'s list of `(A, G, c)` of every statistics step.
+    layer `i`'s list of `(A, G, c)` of every statistics step;
+    `trace_decisions` the trace rule's `(step, layer, "invert" | "keep" |
+    "stop" | "stopped")` of every refresh.
     """
 
     def __init__(
@@ -63,6 +82,7 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
         kl_clip=None,
         fisher_targets=None,
         statistics_loss=None,
+        trace_thresholds=None,
         **hyper,
     ):
         super().__init__(model, loss, **hyper)
@@ -75,6 +95,9 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
         self.guard_scales = []
         self.statistics_steps = []
         self.factors = {}
+        self.trace_thresholds = trace_thresholds
+        self.last_traces = {}
+        self.trace_decisions = []
 
     def step(self, weights, x, y, sample_weight=None):
         step = self.iterations
@@ -153,8 +176,32 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
             scale,
         )
 
+    def _trace_decision(self, index, factors, damping):
+        """`"invert"`, `"keep"`, `"stop"` or `"stopped"` for one layer."""
+        if self.trace_thresholds is None:
+            return "invert"
+        update, stop = self.trace_thresholds
+        last = self.last_traces.get(index)
+        if last == "stopped":
+            return "stopped"
+        trace = damped_trace(self.model[index], factors, damping)
+        change = math.inf if last is None else abs(trace - last) / last
+        if change > update:
+            self.last_traces[index] = trace
+            return "invert"
+        if change < stop:
+            self.last_traces[index] = "stopped"
+            return "stop"
+        return "keep"
+
     def _invert(self, damping):
         for index in self.factors:
+            decision = self._trace_decision(
+                index, self.current_factors(index), damping
+            )
+            self.trace_decisions.append((self.iterations, index, decision))
+            if decision != "invert":
+                continue
             self.inverses[index] = reference.layer_inverses(
                 self.model[index],
                 self.current_factors(index),

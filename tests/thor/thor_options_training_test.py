@@ -354,6 +354,7 @@ def _all_options_model(run_eagerly=False):
             fisher="sampled",
             kl_clip=1e-3,
             precondition_biases="all",
+            trace_thresholds=(0.05, 0.001),
         ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
@@ -377,6 +378,7 @@ def uninterrupted():
     history = _fit(model, epochs=3)
     guard = history.history["thor_guard_scale"]
     assert min(guard) < 1.0  # the guard takes part
+    assert history.history["thor_kept_inversions"][-1] > 0  # so does the rule
     return helpers.weights_of(model), helpers.optimizer_state(model.optimizer)
 
 
@@ -402,14 +404,15 @@ def test_keras_file_with_every_option_resumes_as_uninterrupted(
     assert (restored.factor_decay, restored.statistics_frequency) == (0.8, 2)
     assert (restored.statistics_rows, restored.fisher) == (12, "sampled")
     assert (restored.kl_clip, restored.precondition_biases) == (1e-3, "all")
+    assert restored.trace_thresholds == (0.05, 0.001)
     names = [v.name for v in restored.variables]
     assert names == [v.name for v in thor.variables]
-    assert names[-13:] == [
+    assert names[-16:] == [
         f"{layer}_{variable}_{part}"
         for layer in ("hidden", "logits")
         for variable in ("kernel", "bias")
         for part in ("a_factor", "g_factor", "factor_weight")
-    ] + ["guard_scale"]
+    ] + ["guard_scale", "last_traces", "stopped_kernels", "kept_inversions"]
     helpers.assert_all_close(
         helpers.optimizer_state(restored),
         helpers.optimizer_state(thor),

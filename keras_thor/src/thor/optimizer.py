@@ -25,6 +25,8 @@ from keras_thor.src.thor.factor_averaging import averaged_factor
 from keras_thor.src.thor.inverse_placement import inverse_owners
 from keras_thor.src.thor.inverse_placement import inversion_cost
 from keras_thor.src.thor.preconditioning import factored_is_cheaper
+from keras_thor.src.thor.trace_rule import damped_kronecker_trace
+from keras_thor.src.thor.trace_rule import trace_decision
 from keras_thor.src.utils import validation
 from keras_thor.src.utils.finite import all_finite
 
@@ -138,11 +140,7 @@ def _check_options(
         statistics_rows = validation.check_int(
             "statistics_rows", statistics_rows, 1
         )
-    if fisher not in FISHER_KINDS:
-        raise ValueError(
-            f"Argument `fisher` must be one of {FISHER_KINDS}. "
-            f"Received: fisher={fisher!r}"
-        )
+    validation.check_one_of("fisher", fisher, FISHER_KINDS)
     if kl_clip is not None:
         kl_clip = validation.check_float("kl_clip", kl_clip)
         if kl_clip <= 0:
@@ -151,6 +149,33 @@ def _check_options(
                 f"Received: kl_clip={kl_clip}"
             )
     return factor_decay, statistics_frequency, statistics_rows, kl_clip
+
+
+def _check_trace_thresholds(trace_thresholds):
+    """`None`, or `(ω₁, ω₂)` as floats with `0 <= ω₂ <= ω₁` (a float `ω₁`
+    means `(ω₁, 0.0)`)."""
+    if trace_thresholds is None:
+        return None
+    if isinstance(trace_thresholds, (list, tuple)):
+        if len(trace_thresholds) != 2:
+            raise ValueError(
+                "Argument `trace_thresholds` must be a float `ω₁` or a pair "
+                "`(ω₁, ω₂)`. Received: "
+                f"trace_thresholds={trace_thresholds!r}"
+            )
+        update, stop = trace_thresholds
+    else:
+        update, stop = trace_thresholds, 0.0
+    update = validation.check_float("trace_thresholds", update, minimum=0.0)
+    stop = validation.check_float("trace_thresholds", stop, minimum=0.0)
+    if stop > update:
+        raise ValueError(
+            "Argument `trace_thresholds` must be `(ω₁, ω₂)` with ω₂ <= ω₁ "
+            "(a layer whose trace changes by less than ω₂ stops refreshing, "
+            "by more than ω₁ refreshes). Received: "
+            f"trace_thresholds={trace_thresholds!r}"
+        )
+    return update, stop
 
 
 @keras_thor_export
@@ -169,7 +194,8 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
     its width, where that is cheaper). Update of a kernel `w` at step `t`:
 
     ```
-    every `frequency` steps (t = 0, f, 2f, ...), per layer:
+    every `frequency` steps (t = 0, f, 2f, ...), per layer
+    (with trace_thresholds, only if its trace has changed by more than ω₁):
         A⁻¹ = blocks of (c·A + √λ_t·I)⁻¹,  G⁻¹ = blocks of (c·G + √λ_t·I)⁻¹
     d = A⁻¹ · g · G⁻¹                  (LayerNorm: g / (g²/N + √λ_t))
     d_b = g_b · G_b⁻¹ / (1 + √λ_t)     (biases, with precondition_biases)
@@ -206,7 +232,9 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
     `statistics_frequency` gathers statistics more often than it inverts;
     `statistics_rows` takes them from the first rows of each batch only;
     `fisher="sampled"` takes `G` from targets drawn from the model's
-    predictive distribution; `kl_clip` scales the step by `ν`.
+    predictive distribution; `kl_clip` scales the step by `ν`;
+    `trace_thresholds` is the THOR paper's per-layer refresh rule (see
+    `keras_thor.src.thor.trace_rule`).
     `THOR.recommended()` is a starting point for any model.
 
     Train with `keras_thor.models.ThorModel` (what `convert_to_thor_model`
@@ -276,6 +304,15 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             added at several positions of each example (convolutions,
             Dense and EinsumDense layers on sequences), `"all"` for every
             such layer's bias. Defaults to `None`.
+        trace_thresholds: `None` (MindSpore: every layer is inverted at
+            every refresh step) or `(ω₁, ω₂)` with `0 <= ω₂ <= ω₁` (a float
+            is `(ω₁, 0.0)`): the THOR paper's trace rule. At a refresh
+            step, a layer whose damped Kronecker factors' trace changed by
+            a relative `Δ > ω₁` since its last inversion is inverted; one
+            with `ω₂ <= Δ <= ω₁` keeps its inverses; one with `Δ < ω₂`
+            keeps them for good. The paper uses `(0.01, 0.0)` and
+            `(0.01, 0.001)`. Statistics are still gathered for every
+            layer; the inversions are what is saved. Defaults to `None`.
         spread_inverses: Boolean: under a tf.distribute strategy, each
             replica inverts a share of the layers (balanced by cost) and
             the inverses are then summed across replicas (KAISA-style);
@@ -321,6 +358,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         fisher="empirical",
         kl_clip=None,
         precondition_biases=None,
+        trace_thresholds=None,
         clipnorm=None,
         clipvalue=None,
         global_clipnorm=None,
@@ -372,12 +410,9 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         validation.check_bool("use_nesterov", use_nesterov)
         validation.check_bool("enable_clip_grad", enable_clip_grad)
         validation.check_bool("spread_inverses", spread_inverses)
-        if precondition_biases not in BIAS_RULES:
-            raise ValueError(
-                "Argument `precondition_biases` must be one of "
-                f"{BIAS_RULES}. Received: "
-                f"precondition_biases={precondition_biases!r}"
-            )
+        validation.check_one_of(
+            "precondition_biases", precondition_biases, BIAS_RULES
+        )
         if decay_filter is not None and not callable(decay_filter):
             raise TypeError(
                 "Argument `decay_filter` must be a callable "
@@ -387,6 +422,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         frequency = validation.check_int("frequency", frequency, 2)
         split_dim = validation.check_int("split_dim", split_dim, 1)
         split_indices = _check_split_indices(split_indices)
+        trace_thresholds = _check_trace_thresholds(trace_thresholds)
         factor_decay, statistics_frequency, statistics_rows, kl_clip = (
             _check_options(
                 factor_decay=factor_decay,
@@ -430,6 +466,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         self.fisher = fisher
         self.kl_clip = kl_clip
         self.precondition_biases = precondition_biases
+        self.trace_thresholds = trace_thresholds
 
     RECOMMENDED = {
         "learning_rate": 0.03,
@@ -478,8 +515,11 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         curvature refreshes that needed a fallback. With `factor_decay`,
         then, per kernel, the averaged factor blocks (`A`, `G`, in the
         inverses' shapes) and their weight `W`; with `kl_clip`, the last
-        step's guard scale `ν`. A preconditioned bias (`precondition_biases`)
-        counts as a kernel here: its `a_inverse` is a vector of one.
+        step's guard scale `ν`; with `trace_thresholds`, each kernel's
+        trace at its last inversion, which kernels have stopped (both in
+        the order of the kernels), and the count of inversions the rule
+        saved. A preconditioned bias (`precondition_biases`) counts as a
+        kernel here: its `a_inverse` is a vector of one.
         """
         if self.built:
             return
@@ -562,6 +602,17 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             self._guard_scale = self.add_variable(
                 (), "ones", "float32", name="guard_scale"
             )
+        if self.trace_thresholds is not None:
+            kernels = (len(self._blocks),)
+            self._last_traces = self.add_variable(
+                kernels, "zeros", "float32", name="last_traces"
+            )
+            self._stopped = self.add_variable(
+                kernels, "zeros", "int32", name="stopped_kernels"
+            )
+            self._kept_inversions = self.add_variable(
+                (), "zeros", "int32", name="kept_inversions"
+            )
 
     def _preconditions(self, bias_block):
         if self.precondition_biases == "shared":
@@ -601,6 +652,14 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             return 0
         return int(numpy_value(self._curvature_troubles))
 
+    @property
+    def kept_inversions(self):
+        """How many layer inversions the trace rule kept its inverses
+        instead (0 without `trace_thresholds`)."""
+        if not self.built or self.trace_thresholds is None:
+            return 0
+        return int(numpy_value(self._kept_inversions))
+
     def refreshes_at(self, step):
         """Whether step `step` (0-based) refreshes the inverses."""
         return step % self.frequency == 0
@@ -618,8 +677,10 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
     def training_logs(self):
         """What THOR is doing, for the step's logs (and so `History` and
         `TensorBoard`): the damping, the number of inverse refreshes so
-        far, the layer refreshes in trouble so far, and the last guard
-        scale (with `kl_clip`)."""
+        far, the layer refreshes in trouble so far, the last guard
+        scale (with `kl_clip`), and the layer inversions the trace rule
+        kept so far and the layers it has stopped (with
+        `trace_thresholds`)."""
         steps = ops.cast(self.iterations, "float32")
         logs = {
             "thor_damping": self.current_damping(),
@@ -630,6 +691,13 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         }
         if self.kl_clip is not None:
             logs["thor_guard_scale"] = ops.convert_to_tensor(self._guard_scale)
+        if self.trace_thresholds is not None:
+            logs["thor_kept_inversions"] = ops.cast(
+                self._kept_inversions, "float32"
+            )
+            logs["thor_stopped_layers"] = ops.cast(
+                ops.sum(self._stopped), "float32"
+            )
         return logs
 
     def _per_step_arrays(self):
@@ -722,22 +790,30 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         factors averaged over the (global) batch and the factor scale. With
         `factor_decay` they first update the moving averages (a layer whose
         new factors are not finite keeps its averages), and the inverses
-        are those of the averages. Runs inside the training step, before
-        `apply_gradients`.
+        are those of the averages. With `trace_thresholds`, only the layers
+        the trace rule selects are inverted. Runs inside the training step,
+        before `apply_gradients`.
         """
         if not statistics:
             return
         indices = sorted(statistics)
+        accepted = {}
         if self.factor_decay is not None:
-            self._average_factors(indices, statistics)
+            accepted = self._average_factors(indices, statistics)
         if not invert:
             return
+        refresh = {}
+        if self.trace_thresholds is not None:
+            refresh = self._apply_trace_rule(indices, statistics, accepted)
         # Not compiled: XLA's CPU Cholesky and triangular solve were 10x
         # slower than TensorFlow's (docs/benchmarks.md).
         if self.spread_inverses and replicas.replica_count() > 1:
-            results = self._spread_layer_inverses(indices, statistics)
+            results = self._spread_layer_inverses(indices, statistics, refresh)
         else:
-            results = [self.layer_inverses(i, statistics[i]) for i in indices]
+            results = [
+                self._layer_inverses_if(i, statistics[i], refresh.get(i))
+                for i in indices
+            ]
         troubles = []
         for index, (a_inverse, g_inverse, trouble) in zip(indices, results):
             self.assign(self._a_inverses[index], a_inverse)
@@ -747,7 +823,9 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
 
     def _average_factors(self, indices, statistics):
         """Each layer's averages and weight take its new factors if they
-        are finite; otherwise both stay (a trouble is counted)."""
+        are finite; otherwise both stay (a trouble is counted). Returns
+        `{index: whether its new factors were taken}`."""
+        accepted = {}
         troubles = []
         for index in indices:
             a_new, g_new = self._blocks[index].factor_blocks(
@@ -768,7 +846,82 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
                 )
             self.assign(previous, ops.where(finite, weight, previous))
             troubles.append(ops.cast(ops.logical_not(finite), "int32"))
+            accepted[index] = finite
         self.assign_add(self._curvature_troubles, ops.sum(ops.stack(troubles)))
+        return accepted
+
+    def _current_factors(self, index, statistics):
+        """`(c·A, c·G, seen)` the inversion of kernel `index` would use:
+        the averages (seen once a statistics step was accepted) with
+        `factor_decay`, else this step's factors (seen)."""
+        if self.factor_decay is not None:
+            return (
+                self._a_factors[index],
+                self._g_factors[index],
+                self._factor_weights[index] > 0,
+            )
+        a, g, factor_scale = statistics[index]
+        a = ops.cast(a, "float32")
+        if not self._blocks[index].a_is_diagonal:
+            a = factor_scale * a
+        return a, factor_scale * ops.cast(g, "float32"), True
+
+    def _apply_trace_rule(self, indices, statistics, accepted):
+        """`{index: refresh}` of the kernels in `indices` by the trace rule
+        (`trace_rule.trace_decision`); updates the last traces, the stopped
+        kernels and the count of kept inversions.
+
+        `accepted` tells, with `factor_decay`, whether a kernel's averages
+        took this step's factors: if not, the rule does not decide (an
+        unchanged average would look settled and stop the layer).
+        """
+        damping = self.current_damping()
+        last_traces = ops.unstack(ops.convert_to_tensor(self._last_traces))
+        stopped = ops.unstack(ops.convert_to_tensor(self._stopped) > 0)
+        refresh = {}
+        for position, index in enumerate(sorted(self._blocks)):
+            if index not in indices:
+                continue
+            block = self._blocks[index]
+            a, g, seen = self._current_factors(index, statistics)
+            trace = damped_kronecker_trace(
+                a, g, block.groups, block.a_dim, block.g_dim, damping
+            )
+            refresh[index], stopped[position] = trace_decision(
+                trace,
+                last_traces[position],
+                stopped[position],
+                ops.logical_and(seen, accepted.get(index, True)),
+                self.trace_thresholds,
+            )
+            taken = ops.logical_and(refresh[index], ops.isfinite(trace))
+            last_traces[position] = ops.where(
+                ops.logical_and(taken, seen), trace, last_traces[position]
+            )
+        self.assign(self._last_traces, ops.stack(last_traces))
+        self.assign(self._stopped, ops.cast(ops.stack(stopped), "int32"))
+        kept = [ops.cast(ops.logical_not(r), "int32") for r in refresh.values()]
+        self.assign_add(self._kept_inversions, ops.sum(ops.stack(kept)))
+        return refresh
+
+    def _stored_inverses(self, index):
+        """`(A⁻¹, G⁻¹, no trouble)` as stored for kernel `index`."""
+        return (
+            ops.convert_to_tensor(self._a_inverses[index]),
+            ops.convert_to_tensor(self._g_inverses[index]),
+            ops.convert_to_tensor(False),
+        )
+
+    def _layer_inverses_if(self, index, statistics, refresh):
+        """`layer_inverses`, or the stored inverses when `refresh` (a
+        boolean tensor, or `None` for always) is false."""
+        if refresh is None:
+            return self.layer_inverses(index, statistics)
+        return ops.cond(
+            refresh,
+            lambda: self.layer_inverses(index, statistics),
+            lambda: self._stored_inverses(index),
+        )
 
     def layer_inverses(self, index, statistics):
         """`(A⁻¹, G⁻¹, trouble)` of kernel `index` from its `(A, G, c)`
@@ -798,10 +951,11 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             self._g_inverses[index],
         )
 
-    def _spread_layer_inverses(self, indices, statistics):
+    def _spread_layer_inverses(self, indices, statistics, refresh):
         """`layer_inverses` of every kernel in `indices`, each computed on
         one replica (balanced by cost) and summed across the replicas (the
-        others contribute zeros): one collective."""
+        others contribute zeros): one collective. A kernel whose entry in
+        `refresh` is false is inverted nowhere and keeps its inverses."""
         owners = inverse_owners(
             [
                 inversion_cost(
@@ -828,16 +982,26 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
                     ops.convert_to_tensor(0.0),
                 )
 
-            if isinstance(this_replica, int):
-                parts = mine() if this_replica == owner else others()
+            owns = this_replica == owner
+            if index in refresh:
+                owns = ops.logical_and(owns, refresh[index])
+            if isinstance(owns, bool):
+                parts = mine() if owns else others()
             else:
-                parts = ops.cond(this_replica == owner, mine, others)
+                parts = ops.cond(owns, mine, others)
             flat.extend(parts)
         flat = replicas.all_reduce_sum(flat)
-        return [
-            (flat[3 * k], flat[3 * k + 1], flat[3 * k + 2] > 0)
-            for k in range(len(indices))
-        ]
+        results = []
+        for k, index in enumerate(indices):
+            result = (flat[3 * k], flat[3 * k + 1], flat[3 * k + 2] > 0)
+            if index in refresh:
+                result = ops.cond(
+                    refresh[index],
+                    lambda result=result: result,
+                    lambda index=index: self._stored_inverses(index),
+                )
+            results.append(result)
+        return results
 
     def factored_gradient(self, index, inputs, output_grads):
         """`A⁻¹ · g · G⁻¹` of one call of kernel `index`'s layer, in the
@@ -916,6 +1080,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
                 "fisher": self.fisher,
                 "kl_clip": self.kl_clip,
                 "precondition_biases": self.precondition_biases,
+                "trace_thresholds": self.trace_thresholds,
             }
         )
         return config

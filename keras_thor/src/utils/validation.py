@@ -24,6 +24,16 @@ def check_bool(name, value):
     return value
 
 
+def check_one_of(name, value, choices):
+    """Returns `value` if it is one of `choices` (a tuple)."""
+    if value not in choices:
+        raise ValueError(
+            f"Argument `{name}` must be one of {choices}. "
+            f"{_received(name, value)}"
+        )
+    return value
+
+
 def check_float(name, value, minimum=None, allow_inf=False):
     """Returns `value` as a float after type and range checks.
 
