@@ -291,9 +291,9 @@ OPTIONS = {
     'precondition_biases="all"': {"precondition_biases": "all"},
     "THOR.recommended()": dict(keras_thor.optimizers.THOR.RECOMMENDED),
     "trace_thresholds=0.01": {"trace_thresholds": 0.01},
-    # Every refresh after the first keeps every layer's inverses: what the
-    # trace rule can save at most.
-    "trace rule, all kept": {"trace_thresholds": 1e9},
+    # Every refresh after the first skips every inversion: what the trace
+    # rule can save at most.
+    "trace rule, all skipped": {"trace_thresholds": 1e9},
 }
 
 
@@ -322,9 +322,9 @@ def options_report(model_name, rounds):
     print(f"\n{model_name}: curvature options, batch {batch}, {rounds} rounds")
     print(
         f"  {'option':<26}{'refresh':>9}{'plain':>8}{'capture':>9}"
-        f"{'inverse':>9}{'precond.':>9}{'kept':>7}  "
-        "(ms; split: each piece alone; kept: the share of layer inversions "
-        "the trace rule kept)"
+        f"{'inverse':>9}{'precond.':>9}{'skipped':>9}  "
+        "(ms; split: each piece alone; skipped: the share of block "
+        "inversions the trace rule skipped)"
     )
     for name, model in runs.items():
         timer = timers[name]
@@ -336,15 +336,15 @@ def options_report(model_name, rounds):
         thor = model.optimizer
         steps = int(thor.iterations.numpy())
         decisions = (-(-steps // thor.frequency)) * len(thor.curvature_blocks)
-        kept = (
-            f"{thor.kept_inversions / decisions:7.2f}"
+        skipped = (
+            f"{thor.skipped_inversions / decisions:9.2f}"
             if thor.trace_thresholds
-            else f"{'-':>7}"
+            else f"{'-':>9}"
         )
         print(
             f"  {name:<26}{1e3 * refresh:9.2f}{1e3 * plain:8.2f}"
             f"{1e3 * capture_s:9.2f}{1e3 * inverse_s:9.2f}"
-            f"{1e3 * precondition_s:9.2f}{kept}"
+            f"{1e3 * precondition_s:9.2f}{skipped}"
         )
 
 

@@ -97,6 +97,7 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
         self.factors = {}
         self.trace_thresholds = trace_thresholds
         self.last_traces = {}
+        self.stopped = set()
         self.trace_decisions = []
 
     def step(self, weights, x, y, sample_weight=None):
@@ -181,16 +182,16 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
         if self.trace_thresholds is None:
             return "invert"
         update, stop = self.trace_thresholds
-        last = self.last_traces.get(index)
-        if last == "stopped":
+        if index in self.stopped:
             return "stopped"
+        last = self.last_traces.get(index)
         trace = damped_trace(self.model[index], factors, damping)
         change = math.inf if last is None else abs(trace - last) / last
         if change > update:
             self.last_traces[index] = trace
             return "invert"
         if change < stop:
-            self.last_traces[index] = "stopped"
+            self.stopped.add(index)
             return "stop"
         return "keep"
 

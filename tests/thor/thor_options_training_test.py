@@ -378,7 +378,9 @@ def uninterrupted():
     history = _fit(model, epochs=3)
     guard = history.history["thor_guard_scale"]
     assert min(guard) < 1.0  # the guard takes part
-    assert history.history["thor_kept_inversions"][-1] > 0  # so does the rule
+    assert (
+        history.history["thor_skipped_inversions"][-1] > 0
+    )  # so does the rule
     return helpers.weights_of(model), helpers.optimizer_state(model.optimizer)
 
 
@@ -412,7 +414,7 @@ def test_keras_file_with_every_option_resumes_as_uninterrupted(
         for layer in ("hidden", "logits")
         for variable in ("kernel", "bias")
         for part in ("a_factor", "g_factor", "factor_weight")
-    ] + ["guard_scale", "last_traces", "stopped_kernels", "kept_inversions"]
+    ] + ["guard_scale", "last_traces", "stopped_blocks", "skipped_inversions"]
     helpers.assert_all_close(
         helpers.optimizer_state(restored),
         helpers.optimizer_state(thor),

@@ -116,21 +116,26 @@ def test_trace_decision(trace, last, stopped, usable, expected):
     assert _decide(trace, last, stopped, usable) == expected
 
 
+@pytest.mark.parametrize("trace", [1.125, 0.875, 1.03125, 0.96875])
+def test_a_change_on_a_threshold_keeps_the_inverses(trace):
+    """`ω₂ <= Δ <= ω₁` keeps, both ends included (binary fractions, exact
+    in float32)."""
+    assert _decide(trace, 1.0, thresholds=(0.125, 0.03125)) == (False, False)
+
+
 def test_no_stop_threshold_never_stops_and_no_update_threshold_always_inverts():
     assert _decide(1.0, 1.0, thresholds=(0.01, 0.0)) == (False, False)
     assert _decide(1.0 + 1e-6, 1.0, thresholds=(0.0, 0.0)) == (True, False)
 
 
 BAD_THRESHOLDS = [
-    ((0.01, 0.02), ValueError, r"ω₂ <= ω₁.*trace_thresholds=\(0.01, 0.02\)"),
-    ((0.1, 0.0, 0.0), ValueError, "a pair"),
-    (
-        -0.1,
-        ValueError,
-        r"`trace_thresholds` must be >= 0.0.*trace_thresholds=-0.1",
-    ),
-    ("0.01", TypeError, "`trace_thresholds` must be a float"),
-    ((0.01, math.nan), ValueError, "`trace_thresholds`"),
+    ((0.01, 0.02), ValueError, r"trace_thresholds=\(0.01, 0.02\)"),
+    ((0.1, 0.0, 0.0), ValueError, r"trace_thresholds=\(0.1, 0.0, 0.0\)"),
+    (-0.1, ValueError, "trace_thresholds=-0.1"),
+    ((0.1, -0.01), ValueError, r"trace_thresholds=\(0.1, -0.01\)"),
+    ("0.01", TypeError, "trace_thresholds='0.01'"),
+    ((0.01, "0"), TypeError, r"trace_thresholds=\(0.01, '0'\)"),
+    ((0.01, math.nan), ValueError, r"trace_thresholds=\(0.01, nan\)"),
 ]
 
 
@@ -140,12 +145,16 @@ def test_bad_trace_thresholds_name_the_argument_and_the_value(
 ):
     with pytest.raises(error, match=message) as raised:
         THOR(**GOOD, trace_thresholds=value)
-    assert "Received" in str(raised.value)
+    assert "Argument `trace_thresholds` must be None, a float" in str(
+        raised.value
+    )
 
 
 def test_trace_thresholds_are_kept_and_in_the_config():
     assert THOR(**GOOD).trace_thresholds is None
     assert THOR(**GOOD, trace_thresholds=0.01).trace_thresholds == (0.01, 0.0)
+    pair = np.array([0.05, 1e-3])
+    assert THOR(**GOOD, trace_thresholds=pair).trace_thresholds == (0.05, 1e-3)
     optimizer = THOR(**GOOD, trace_thresholds=[0.05, 1e-3])
     config = optimizer.get_config()
     assert config["trace_thresholds"] == (0.05, 0.001)
@@ -185,8 +194,8 @@ def test_trace_rule_follows_the_reference(kind, loss, thresholds, options):
     _assert_follows(recorder.weights, expected)
     kept = sum(d != "invert" for d in decisions)
     stopped = decisions.count("stop")
-    assert recorder.logs[-1]["thor_kept_inversions"] == kept
-    assert recorder.logs[-1]["thor_stopped_layers"] == stopped
+    assert recorder.logs[-1]["thor_skipped_inversions"] == kept
+    assert recorder.logs[-1]["thor_stopped_blocks"] == stopped
 
 
 @tf_only
@@ -239,7 +248,7 @@ def test_stopped_layers_keep_their_inverses_through_save_and_load(tmp_path):
     restored = keras.models.load_model(path)
     restored_optimizer = restored.optimizer
     assert restored_optimizer.trace_thresholds == (1e9, 1e9)
-    for name in ("_last_traces", "_stopped", "_kept_inversions"):
+    for name in ("_last_traces", "_stopped", "_skipped_inversions"):
         np.testing.assert_array_equal(
             ops.convert_to_numpy(getattr(optimizer, name)),
             ops.convert_to_numpy(getattr(restored_optimizer, name)),
@@ -250,7 +259,7 @@ def test_stopped_layers_keep_their_inverses_through_save_and_load(tmp_path):
         if v is not None
     ]
     history = restored.fit(x, y, batch_size=16, epochs=1, verbose=0)
-    assert history.history["thor_kept_inversions"][-1] == 2 + 2 * 2
+    assert history.history["thor_skipped_inversions"][-1] == 2 + 2 * 2
     after = [
         ops.convert_to_numpy(v)
         for v in restored_optimizer._a_inverses + restored_optimizer._g_inverses
@@ -266,7 +275,7 @@ class _Stopped(keras.callbacks.Callback):
         self.stopped = []
 
     def on_train_batch_end(self, batch, logs=None):
-        self.stopped.append(int(logs["thor_stopped_layers"]))
+        self.stopped.append(int(logs["thor_stopped_blocks"]))
 
 
 @tf_only

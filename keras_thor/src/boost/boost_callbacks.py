@@ -14,7 +14,8 @@ from keras_thor.src.boost.boost_optimizer import BoostOptimizer
 
 
 class BoostCallback(keras.callbacks.Callback):
-    """A callback that `install`s its boost algorithm in `set_model`."""
+    """The base of the callbacks that `install` a boost algorithm in
+    `set_model`: a restored algorithm is kept when `same_settings`."""
 
     def same_settings(self, other):
         """Whether `other` runs with the same settings (an equal config)."""

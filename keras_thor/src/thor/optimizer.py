@@ -156,25 +156,28 @@ def _check_trace_thresholds(trace_thresholds):
     means `(ω₁, 0.0)`)."""
     if trace_thresholds is None:
         return None
-    if isinstance(trace_thresholds, (list, tuple)):
-        if len(trace_thresholds) != 2:
-            raise ValueError(
-                "Argument `trace_thresholds` must be a float `ω₁` or a pair "
-                "`(ω₁, ω₂)`. Received: "
-                f"trace_thresholds={trace_thresholds!r}"
-            )
-        update, stop = trace_thresholds
+    message = (
+        "Argument `trace_thresholds` must be None, a float ω₁ >= 0 or a "
+        "pair (ω₁, ω₂) of floats with 0 <= ω₂ <= ω₁. Received: "
+        f"trace_thresholds={trace_thresholds!r}"
+    )
+    if isinstance(trace_thresholds, str):
+        raise TypeError(message)
+    if hasattr(trace_thresholds, "__len__"):
+        pair = tuple(trace_thresholds)
+        if len(pair) != 2:
+            raise ValueError(message)
     else:
-        update, stop = trace_thresholds, 0.0
-    update = validation.check_float("trace_thresholds", update, minimum=0.0)
-    stop = validation.check_float("trace_thresholds", stop, minimum=0.0)
-    if stop > update:
-        raise ValueError(
-            "Argument `trace_thresholds` must be `(ω₁, ω₂)` with ω₂ <= ω₁ "
-            "(a layer whose trace changes by less than ω₂ stops refreshing, "
-            "by more than ω₁ refreshes). Received: "
-            f"trace_thresholds={trace_thresholds!r}"
+        pair = (trace_thresholds, 0.0)
+    try:
+        update, stop = (
+            validation.check_float("trace_thresholds", value, minimum=0.0)
+            for value in pair
         )
+    except (TypeError, ValueError) as error:
+        raise type(error)(message) from None
+    if stop > update:
+        raise ValueError(message)
     return update, stop
 
 
@@ -194,8 +197,9 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
     its width, where that is cheaper). Update of a kernel `w` at step `t`:
 
     ```
-    every `frequency` steps (t = 0, f, 2f, ...), per layer
-    (with trace_thresholds, only if its trace has changed by more than ω₁):
+    every `frequency` steps (t = 0, f, 2f, ...), per layer (with
+    trace_thresholds, only if its trace has changed by more than ω₁ since
+    its last inversion, and never once the rule has stopped it):
         A⁻¹ = blocks of (c·A + √λ_t·I)⁻¹,  G⁻¹ = blocks of (c·G + √λ_t·I)⁻¹
     d = A⁻¹ · g · G⁻¹                  (LayerNorm: g / (g²/N + √λ_t))
     d_b = g_b · G_b⁻¹ / (1 + √λ_t)     (biases, with precondition_biases)
@@ -518,7 +522,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         step's guard scale `ν`; with `trace_thresholds`, each kernel's
         trace at its last inversion, which kernels have stopped (both in
         the order of the kernels), and the count of inversions the rule
-        saved. A preconditioned bias (`precondition_biases`) counts as a
+        skipped. A preconditioned bias (`precondition_biases`) counts as a
         kernel here: its `a_inverse` is a vector of one.
         """
         if self.built:
@@ -608,10 +612,10 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
                 kernels, "zeros", "float32", name="last_traces"
             )
             self._stopped = self.add_variable(
-                kernels, "zeros", "int32", name="stopped_kernels"
+                kernels, "zeros", "int32", name="stopped_blocks"
             )
-            self._kept_inversions = self.add_variable(
-                (), "zeros", "int32", name="kept_inversions"
+            self._skipped_inversions = self.add_variable(
+                (), "zeros", "int32", name="skipped_inversions"
             )
 
     def _preconditions(self, bias_block):
@@ -653,12 +657,12 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         return int(numpy_value(self._curvature_troubles))
 
     @property
-    def kept_inversions(self):
-        """How many layer inversions the trace rule kept its inverses
-        instead (0 without `trace_thresholds`)."""
+    def skipped_inversions(self):
+        """How many block inversions the trace rule skipped, keeping the
+        stored inverses (0 without `trace_thresholds`)."""
         if not self.built or self.trace_thresholds is None:
             return 0
-        return int(numpy_value(self._kept_inversions))
+        return int(numpy_value(self._skipped_inversions))
 
     def refreshes_at(self, step):
         """Whether step `step` (0-based) refreshes the inverses."""
@@ -678,8 +682,8 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         """What THOR is doing, for the step's logs (and so `History` and
         `TensorBoard`): the damping, the number of inverse refreshes so
         far, the layer refreshes in trouble so far, the last guard
-        scale (with `kl_clip`), and the layer inversions the trace rule
-        kept so far and the layers it has stopped (with
+        scale (with `kl_clip`), and the block inversions the trace rule
+        skipped so far and the blocks it has stopped (with
         `trace_thresholds`)."""
         steps = ops.cast(self.iterations, "float32")
         logs = {
@@ -692,10 +696,10 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         if self.kl_clip is not None:
             logs["thor_guard_scale"] = ops.convert_to_tensor(self._guard_scale)
         if self.trace_thresholds is not None:
-            logs["thor_kept_inversions"] = ops.cast(
-                self._kept_inversions, "float32"
+            logs["thor_skipped_inversions"] = ops.cast(
+                self._skipped_inversions, "float32"
             )
-            logs["thor_stopped_layers"] = ops.cast(
+            logs["thor_stopped_blocks"] = ops.cast(
                 ops.sum(self._stopped), "float32"
             )
         return logs
@@ -851,25 +855,24 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         return accepted
 
     def _current_factors(self, index, statistics):
-        """`(c·A, c·G, seen)` the inversion of kernel `index` would use:
-        the averages (seen once a statistics step was accepted) with
-        `factor_decay`, else this step's factors (seen)."""
+        """`(c·A, c·G, seen)` the inversion of kernel `index` would use, as
+        diagonal blocks: the averages (seen once a statistics step was
+        accepted) with `factor_decay`, else this step's factors."""
         if self.factor_decay is not None:
             return (
                 self._a_factors[index],
                 self._g_factors[index],
                 self._factor_weights[index] > 0,
             )
-        a, g, factor_scale = statistics[index]
-        a = ops.cast(a, "float32")
-        if not self._blocks[index].a_is_diagonal:
-            a = factor_scale * a
-        return a, factor_scale * ops.cast(g, "float32"), True
+        a, g = self._blocks[index].factor_blocks(
+            statistics[index], self.split_dim
+        )
+        return a, g, True
 
     def _apply_trace_rule(self, indices, statistics, accepted):
         """`{index: refresh}` of the kernels in `indices` by the trace rule
         (`trace_rule.trace_decision`); updates the last traces, the stopped
-        kernels and the count of kept inversions.
+        blocks and the count of skipped inversions.
 
         `accepted` tells, with `factor_decay`, whether a kernel's averages
         took this step's factors: if not, the rule does not decide (an
@@ -900,8 +903,10 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             )
         self.assign(self._last_traces, ops.stack(last_traces))
         self.assign(self._stopped, ops.cast(ops.stack(stopped), "int32"))
-        kept = [ops.cast(ops.logical_not(r), "int32") for r in refresh.values()]
-        self.assign_add(self._kept_inversions, ops.sum(ops.stack(kept)))
+        skipped = [
+            ops.cast(ops.logical_not(r), "int32") for r in refresh.values()
+        ]
+        self.assign_add(self._skipped_inversions, ops.sum(ops.stack(skipped)))
         return refresh
 
     def _stored_inverses(self, index):

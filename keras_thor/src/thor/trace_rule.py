@@ -46,7 +46,8 @@ def damped_kronecker_trace(a_blocks, g_blocks, groups, a_dim, g_dim, damping):
     """`tr F = Σ_j (tr(c·A_j) + a·√λ) · (tr(c·G_j) + g·√λ)`.
 
     `a_blocks`, `g_blocks` are the scaled factors `c·A_j`, `c·G_j` cut into
-    diagonal blocks (`KroneckerBlock.factor_blocks`).
+    diagonal blocks (`KroneckerBlock.factor_blocks`; a diagonal `A` is a
+    vector).
     """
     root = ops.sqrt(ops.cast(damping, "float32"))
     a_traces = _group_traces(ops.cast(a_blocks, "float32"), groups, a_dim)
