@@ -378,3 +378,11 @@ class EpochTimer(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.seconds.append(time.perf_counter() - self._start)
+
+
+def skipped_share(thor):
+    """The share of block inversions THOR's trace rule skipped so far (of
+    every block at every refresh step)."""
+    steps = int(thor.iterations.numpy())
+    decisions = -(-steps // thor.frequency) * len(thor.curvature_blocks)
+    return thor.skipped_inversions / decisions

@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tasks import skipped_share  # noqa: E402
 from thor_time_to_accuracy import LOSS  # noqa: E402
 from thor_time_to_accuracy import SETUPS  # noqa: E402
 from thor_time_to_accuracy import digits  # noqa: E402
@@ -333,12 +334,9 @@ def options_report(model_name, rounds):
         capture_s, inverse_s, precondition_s = refresh_pieces(
             model, x[:batch], y[:batch]
         )
-        thor = model.optimizer
-        steps = int(thor.iterations.numpy())
-        decisions = (-(-steps // thor.frequency)) * len(thor.curvature_blocks)
         skipped = (
-            f"{thor.skipped_inversions / decisions:9.2f}"
-            if thor.trace_thresholds
+            f"{skipped_share(model.optimizer):9.2f}"
+            if model.optimizer.trace_thresholds
             else f"{'-':>9}"
         )
         print(

@@ -27,6 +27,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from tasks import EpochTimer  # noqa: E402
 from tasks import release  # noqa: E402
+from tasks import skipped_share  # noqa: E402
 from thor_sensitivity import BATCH  # noqa: E402
 from thor_sensitivity import TASKS  # noqa: E402
 from thor_sensitivity import task_setup  # noqa: E402
@@ -53,11 +54,9 @@ def run(name, trace_thresholds, epochs, seed):
     model.fit(
         x, y, batch_size=BATCH, epochs=epochs, verbose=0, callbacks=[timer]
     )
-    steps = int(thor.iterations.numpy())
-    decisions = -(-steps // thor.frequency) * len(thor.curvature_blocks)
     result = (
         float(np.median(timer.seconds[1:])),
-        thor.skipped_inversions / decisions,
+        skipped_share(thor),
         metric(model),
     )
     release(model)

@@ -19,18 +19,15 @@ from keras_thor.optimizers import THOR
 from keras_thor.src.thor import block_inverse
 from keras_thor.src.thor import trace_rule
 from tests.thor import keras_models
+from tests.thor.curvature_options_test import _spd
 from tests.thor.thor_options_reference_test import EAGER
 from tests.thor.thor_options_reference_test import HYPER
 from tests.thor.thor_options_reference_test import _assert_follows
 from tests.thor.thor_options_reference_test import _fit_and_reference
+from tests.thor.thor_options_reference_test import _Recorder
 
 tf_only = pytest.mark.tf_only
 GOOD = dict(learning_rate=0.1, damping=0.03, momentum=0.9, frequency=4)
-
-
-def _spd(rng, groups, size):
-    m = rng.normal(size=(groups, size, size))
-    return (m @ np.swapaxes(m, 1, 2) / size).astype("float32")
 
 
 def _kronecker_trace(a, g, damping):
@@ -217,15 +214,14 @@ def test_a_zero_update_threshold_is_mindspores_rule():
         np.testing.assert_array_equal(none, zero)
 
 
+TWO_DENSE_LAYERS = [
+    {"type": "dense", "units": 5, "activation": "tanh"},
+    {"type": "dense", "units": 3},
+]
+
+
 def _two_dense_layers():
-    return keras_models.keras_model(
-        [
-            {"type": "dense", "units": 5, "activation": "tanh"},
-            {"type": "dense", "units": 3},
-        ],
-        (6,),
-        "float32",
-    )
+    return keras_models.keras_model(TWO_DENSE_LAYERS, (6,), "float32")
 
 
 @tf_only
@@ -269,15 +265,6 @@ def test_stopped_layers_keep_their_inverses_through_save_and_load(tmp_path):
         np.testing.assert_array_equal(before, now)
 
 
-class _Stopped(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.stopped = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.stopped.append(int(logs["thor_stopped_blocks"]))
-
-
 @tf_only
 @pytest.mark.parametrize("factor_decay", [None, 0.9])
 def test_a_non_finite_refresh_step_never_stops_a_layer(factor_decay):
@@ -298,13 +285,14 @@ def test_a_non_finite_refresh_step_never_stops_a_layer(factor_decay):
         ),
         loss="mse",
     )
-    recorder = _Stopped()
+    recorder = _Recorder(TWO_DENSE_LAYERS)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # THOR warns of the NaN statistics
         model.fit(
             x, y, batch_size=8, shuffle=False, verbose=0, callbacks=[recorder]
         )
-    assert recorder.stopped == [0, 0, 0, 0, 2, 2]
+    stopped = [int(logs["thor_stopped_blocks"]) for logs in recorder.logs]
+    assert stopped == [0, 0, 0, 0, 2, 2]
     assert model.optimizer.curvature_troubles >= 1
     traces = ops.convert_to_numpy(model.optimizer._last_traces)
     assert np.isfinite(traces).all() and (traces > 0).all()
