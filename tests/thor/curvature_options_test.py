@@ -469,11 +469,17 @@ def test_good_options_are_kept_and_in_the_config():
 
 def test_statistics_schedule_of_the_optimizer():
     thor = THOR(**dict(GOOD, frequency=6), factor_decay=0.9)
-    assert [s for s in range(13) if thor.gathers_statistics_at(s)] == [0, 6, 12]
+    schedule = thor.refresh_schedule
+    assert [s for s in range(13) if schedule.gathers_statistics_at(s)] == [
+        0,
+        6,
+        12,
+    ]
     thor = THOR(
         **dict(GOOD, frequency=6), factor_decay=0.9, statistics_frequency=2
     )
-    assert [s for s in range(13) if thor.gathers_statistics_at(s)] == [
+    schedule = thor.refresh_schedule
+    assert [s for s in range(13) if schedule.gathers_statistics_at(s)] == [
         0,
         2,
         4,
@@ -482,7 +488,7 @@ def test_statistics_schedule_of_the_optimizer():
         10,
         12,
     ]
-    assert [s for s in range(13) if thor.refreshes_at(s)] == [0, 6, 12]
+    assert [s for s in range(13) if schedule.refreshes_at(s)] == [0, 6, 12]
 
 
 def test_recommended_is_the_documented_setting_and_takes_overrides():

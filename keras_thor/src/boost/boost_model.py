@@ -4,7 +4,7 @@ import keras
 
 from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.boost.boost_optimizer import BoostOptimizer
-from keras_thor.src.boost.training import BoostTrainFunction
+from keras_thor.src.boost.train_function import BoostTrainFunction
 from keras_thor.src.distribute.distributed_trainer import DistributedTrainer
 from keras_thor.src.distribute.own_training import own_train_function
 from keras_thor.src.utils.rebuild import check_rewritable

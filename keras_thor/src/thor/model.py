@@ -6,7 +6,7 @@ from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.distribute.distributed_trainer import DistributedTrainer
 from keras_thor.src.distribute.own_training import own_train_function
 from keras_thor.src.thor.curvature import attach_curvature
-from keras_thor.src.thor.training import ThorTrainFunction
+from keras_thor.src.thor.train_function import ThorTrainFunction
 from keras_thor.src.thor.training import thor_optimizer_of
 
 

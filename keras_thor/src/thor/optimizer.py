@@ -25,6 +25,7 @@ from keras_thor.src.thor.factor_averaging import averaged_factor
 from keras_thor.src.thor.inverse_placement import inverse_owners
 from keras_thor.src.thor.inverse_placement import inversion_cost
 from keras_thor.src.thor.preconditioning import factored_is_cheaper
+from keras_thor.src.thor.schedule import RefreshSchedule
 from keras_thor.src.thor.trace_rule import damped_kronecker_trace
 from keras_thor.src.thor.trace_rule import trace_decision
 from keras_thor.src.utils import validation
@@ -664,19 +665,19 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             return 0
         return int(numpy_value(self._skipped_inversions))
 
-    def refreshes_at(self, step):
-        """Whether step `step` (0-based) refreshes the inverses."""
-        return step % self.frequency == 0
-
     @property
     def statistics_period(self):
         """Steps between statistics steps (`frequency` unless
         `statistics_frequency` is set)."""
         return self.statistics_frequency or self.frequency
 
-    def gathers_statistics_at(self, step):
-        """Whether step `step` (0-based) gathers curvature statistics."""
-        return step % self.statistics_period == 0
+    @property
+    def refresh_schedule(self):
+        """The `RefreshSchedule`: which steps gather statistics and which
+        refresh the inverses, and how far the per-step arrays reach."""
+        return RefreshSchedule(
+            self.frequency, self.statistics_period, self._per_step_arrays()
+        )
 
     def training_logs(self):
         """What THOR is doing, for the step's logs (and so `History` and
@@ -705,22 +706,14 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         return logs
 
     def _per_step_arrays(self):
-        for name, value in (
-            ("learning_rate", self._schedule),
-            ("damping", self._damping),
-        ):
-            if isinstance(value, PerStepSchedule):
-                yield name, value
-
-    def check_schedules_cover(self, steps):
-        """Raises a `ValueError` if a per-step array ends before `steps`."""
-        for name, schedule in self._per_step_arrays():
-            schedule.check_covers(name, steps)
-
-    def steps_covered_from(self, step):
-        """How many steps from `step` on the per-step arrays still cover."""
-        lengths = [len(s) - step for _, s in self._per_step_arrays()]
-        return min(lengths, default=float("inf"))
+        return [
+            (name, value)
+            for name, value in (
+                ("learning_rate", self._schedule),
+                ("damping", self._damping),
+            )
+            if isinstance(value, PerStepSchedule)
+        ]
 
     @property
     def curvature_blocks(self):
