@@ -6,6 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # pytest exits 5 when it collects no test; that is not a failure here.
 PYTEST = $(PY) -m pytest -p no:cacheprovider
+# pytest-xdist workers for the TensorFlow run (CI has 2 cores); WORKERS=0
+# runs it in one process.
+WORKERS ?= 2
 
 .PHONY: demo test test-tensorflow test-backends lint benchmark clean
 
@@ -33,7 +36,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check .
 
 test-tensorflow: $(VENV)/.installed
-	KERAS_BACKEND=tensorflow $(PYTEST) tests || [ $$? -eq 5 ]
+	KERAS_BACKEND=tensorflow $(PYTEST) -n $(WORKERS) tests || [ $$? -eq 5 ]
 
 # The optimizers are written with keras.ops only: run them on JAX and torch.
 test-backends: $(VENV)/.backends

@@ -191,7 +191,9 @@ def thor_run(replicas, thor_args, data, frequency=10, rounds=16):
     steps = np.array(times.times[frequency:])
     refresh = steps[::frequency]
     plain = np.delete(steps, np.arange(0, len(steps), frequency))
-    per_replica = traced_op_counts(model.train_function._refresh_on_iterator)
+    per_replica = traced_op_counts(
+        model.train_function.traced_variant("refresh")
+    )
     return (
         per_replica["CollectiveReduceV2"] // replicas,
         1000 * np.median(refresh),

@@ -46,7 +46,6 @@ import keras_thor  # noqa: E402
 from keras_thor.src.thor import capture  # noqa: E402
 from keras_thor.src.thor import update  # noqa: E402
 from keras_thor.src.thor.blocks import ConvKronecker  # noqa: E402
-from keras_thor.src.thor.training import curvature_statistics  # noqa: E402
 
 
 class StepTimer(keras.callbacks.Callback):
@@ -162,8 +161,8 @@ def refresh_pieces(model, x, y):
         outputs = [call.outputs for call in calls]
         grads = tape.gradient(loss, variables + outputs)
         scale = tf.cast(tf.shape(x)[0], "float32")
-        statistics = curvature_statistics(
-            thor, calls, grads[len(variables) :], scale
+        statistics = thor.estimator.gather(
+            calls, grads[len(variables) :], scale
         )
         return grads[: len(variables)], statistics
 
@@ -172,7 +171,10 @@ def refresh_pieces(model, x, y):
 
     @tf.function
     def invert(statistics):
-        return [thor.layer_inverses(i, statistics[i]) for i in kernels]
+        damping = thor.current_damping()
+        return [
+            thor.estimator.inverses(i, statistics[i], damping) for i in kernels
+        ]
 
     grads = backward(x, y)
 
@@ -183,8 +185,7 @@ def refresh_pieces(model, x, y):
             update.precondition(
                 thor.curvature_blocks[i],
                 grads[i],
-                thor._a_inverses[i],
-                thor._g_inverses[i],
+                *thor.estimator.inverses_of(i),
                 damping,
                 float(thor.batch_size),
             )

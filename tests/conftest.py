@@ -14,8 +14,12 @@ LOGICAL_CPUS = 4
 def _configure_tensorflow():
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(2)
-    tf.config.threading.set_inter_op_parallelism_threads(2)
+    # Under pytest-xdist (`make test` runs 2 workers on CI's 2 cores) each
+    # worker takes one thread; a plain `pytest` run keeps two.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    threads = 1 if workers > 1 else 2
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS

@@ -1,6 +1,7 @@
 """Small models and data shared by the tests."""
 
 import functools
+import re
 
 import keras
 import numpy as np
@@ -120,3 +121,9 @@ def mirrored_strategy(replicas):
         _collective_key_base = 1000 * replicas
 
     return KeyedMirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+
+
+def stable_id(value):
+    """A test id for `value` that is the same in every pytest-xdist worker
+    (`repr` of a function holds its memory address)."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))

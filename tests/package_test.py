@@ -8,7 +8,6 @@ import keras_thor
 PACKAGE = pathlib.Path(keras_thor.__file__).parent
 # The only modules that may import tensorflow (inside functions, lazily).
 TENSORFLOW_MODULES = {
-    "src/boost/train_function.py",
     "src/boost/training.py",
     "src/backend/dense.py",
     "src/backend/fusion.py",
@@ -20,7 +19,7 @@ TENSORFLOW_MODULES = {
     "src/distribute/replicas.py",
     "src/distribute/strategies.py",
     "src/distribute/train_step.py",
-    "src/thor/train_function.py",
+    "src/distribute/variant_train_function.py",
     "src/thor/training.py",
 }
 

@@ -7,6 +7,7 @@ import pytest
 from keras_thor.boost import AdaSum
 from keras_thor.boost import AutoBoost
 from keras_thor.boost import BoostOptimizer
+from keras_thor.src import keras_internals
 from tests import helpers
 from tests.boost import models
 
@@ -116,7 +117,9 @@ def test_fit_equals_reference(replicas, device_number, momentum):
         # Each replica keeps its own momentum, as in Horovod and MindSpore.
         for index, variable in enumerate(model.trainable_variables):
             momenta = helpers.replica_values(
-                sgd.momentums[sgd._get_variable_index(variable)]
+                sgd.momentums[
+                    keras_internals.trained_variable_index(sgd, variable)
+                ]
             )
             for replica, value in enumerate(momenta):
                 np.testing.assert_allclose(

@@ -9,6 +9,7 @@ import pytest
 import keras_thor
 from keras_thor.boost import BoostOptimizer
 from keras_thor.boost import GradientFreeze
+from keras_thor.src import keras_internals
 from keras_thor.src.backend.values import numpy_value
 from tests import helpers
 from tests.boost import models
@@ -229,7 +230,10 @@ def test_frozen_variables_get_no_update_at_all():
     groups = model.optimizer.grad_freeze.split_parameters_groups(model)
     trained_ids = {id(v) for v in groups[2]}
     front = [v for v in groups[0] if id(v) not in trained_ids]
-    momenta = [sgd.momentums[sgd._get_variable_index(v)] for v in front]
+    momenta = [
+        sgd.momentums[keras_internals.trained_variable_index(sgd, v)]
+        for v in front
+    ]
     before = [numpy_value(v) for v in front + momenta]
     trained = [numpy_value(v) for v in groups[2]]
     model.fit(x, y, batch_size=4, epochs=1, verbose=0)  # group 2
@@ -243,7 +247,7 @@ def test_frozen_variables_get_no_update_at_all():
 
 
 def _matmuls(model, group, update, data):
-    function = model.train_function._variant(group, update).__wrapped__
+    function = model.train_function.traced_variant((group, update))
     graph = function.get_concrete_function(data).graph
     return sum(op.type == "MatMul" for op in graph.get_operations())
 

@@ -159,15 +159,15 @@ def test_fit_matches_the_numpy_reference(case, tmp_path):
         atol=2e-5,
         rtol=1e-4,
     )
-    optimizer = model.optimizer
+    search = model.optimizer.algorithm("dim_reduce")
     np.testing.assert_allclose(
-        numpy_value(optimizer._inverse_hessian),
+        numpy_value(search.inverse_hessian),
         run.inverse_hessian,
         atol=1e-4,
         rtol=1e-3,
     )
     np.testing.assert_allclose(
-        numpy_value(optimizer._subspace_step),
+        numpy_value(search.subspace_step),
         run.subspace_step,
         atol=1e-5,
         rtol=1e-4,

@@ -12,6 +12,7 @@ from keras_thor.boost import GroupLossScaleManager
 from keras_thor.callbacks import GroupLossScale
 from keras_thor.src.backend.values import numpy_value
 from tests import helpers
+from tests.boost.models import segmented_network
 
 pytestmark = pytest.mark.tf_only
 
@@ -35,37 +36,9 @@ def _data(samples=40, seed=0):
     return x, y
 
 
-def _segmented(manager, small=None):
-    """x → m(0,1) → front → [×small] → m(1,2) → [×small] + main → m(2,3).
-
-    Group 0 is the front Dense, group 1 the rest. With `small`, the
-    front's gradient passes two factors `small` apart from each other:
-    one global float16 scale cannot keep both products representable.
-    """
-    keras.utils.set_random_seed(2)
-    inputs = keras.Input((6,))
-    x = manager(inputs, 0, 1)
-    front = keras.layers.Dense(4, name="front")(x)
-    if small is not None:
-        front = keras.layers.Rescaling(small)(front)
-    front = manager(front, 1, 2)
-    if small is not None:
-        front = keras.layers.Rescaling(small)(front)
-    main = keras.layers.Dense(4, activation="tanh", name="main")(x)
-    joined = keras.layers.Add()([front, main])
-    outputs = manager(keras.layers.Dense(1, name="head")(joined), 2, 3)
-    model = keras.Model(inputs, outputs)
-    variables = model.trainable_variables
-    manager.loss_scale_groups = [
-        [v for v in variables if v.path.startswith("front")],
-        [v for v in variables if not v.path.startswith("front")],
-    ]
-    return model
-
-
 def _compiled(init, small=None, optimizer=None):
     manager = GroupLossScaleManager(init)
-    model = keras_thor.boost.to_boost_model(_segmented(manager, small))
+    model = keras_thor.boost.to_boost_model(segmented_network(manager, small))
     model.compile(optimizer or keras.optimizers.SGD(0.05, momentum=0.9), "mse")
     return model, manager
 
@@ -133,7 +106,9 @@ def test_overflowing_step_is_skipped_and_the_group_backs_off():
         if int(model.optimizer.iterations) > 0:
             break
     assert int(model.optimizer.iterations) == 1
-    overflows = numpy_value(model.optimizer._group_overflows)
+    overflows = numpy_value(
+        model.optimizer.algorithm("group_loss_scale").overflows
+    )
     np.testing.assert_allclose(
         callback.manager.get_loss_scale()[1],
         1e37 * BACKOFF ** overflows[1] * GROWTH,

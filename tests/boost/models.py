@@ -61,3 +61,31 @@ def dense_stack(units=(16, 16, 16, 16), features=8, outputs=3):
 
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def segmented_network(manager, small=None, seed=2):
+    """x → m(0,1) → front → [×small] → m(1,2) → [×small] + main → m(2,3).
+
+    Group 0 is the front Dense, group 1 the rest. With `small`, the
+    front's gradient passes two factors `small` apart from each other:
+    one global float16 scale cannot keep both products representable.
+    """
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((6,))
+    x = manager(inputs, 0, 1)
+    front = keras.layers.Dense(4, name="front")(x)
+    if small is not None:
+        front = keras.layers.Rescaling(small)(front)
+    front = manager(front, 1, 2)
+    if small is not None:
+        front = keras.layers.Rescaling(small)(front)
+    main = keras.layers.Dense(4, activation="tanh", name="main")(x)
+    joined = keras.layers.Add()([front, main])
+    outputs = manager(keras.layers.Dense(1, name="head")(joined), 2, 3)
+    model = keras.Model(inputs, outputs)
+    variables = model.trainable_variables
+    manager.loss_scale_groups = [
+        [v for v in variables if v.path.startswith("front")],
+        [v for v in variables if not v.path.startswith("front")],
+    ]
+    return model

@@ -134,8 +134,8 @@ def test_collectives_per_refresh_step(
         spread_inverses=spread_inverses,
     )
     _fit(model, epochs=1)
-    refresh = traced_op_counts(model.train_function._refresh_on_iterator)
-    plain = traced_op_counts(model.train_function._plain_on_iterator)
+    refresh = traced_op_counts(model.train_function.traced_variant("refresh"))
+    plain = traced_op_counts(model.train_function.traced_variant("plain"))
     # Every replica's ops are in the one graph.
     assert refresh["CollectiveReduceV2"] == replicas * reductions
     assert plain["CollectiveReduceV2"] == replicas
@@ -145,7 +145,7 @@ def test_collectives_per_refresh_step(
             helpers.mirrored_strategy(replicas), layers=4, spread_inverses=False
         )
         _fit(every_replica, epochs=1)
-        baseline = every_replica.train_function._refresh_on_iterator
+        baseline = every_replica.train_function.traced_variant("refresh")
         factorizations = traced_op_counts(baseline)["Cholesky"]
         assert refresh["Cholesky"] * replicas == factorizations
 
@@ -184,7 +184,9 @@ def test_spread_inverses_with_a_replica_id_known_only_at_run_time(
         return static_replica_id() + zero
 
     def conds(model):
-        counts = traced_op_counts(model.train_function._refresh_on_iterator)
+        counts = traced_op_counts(
+            model.train_function.traced_variant("refresh")
+        )
         return counts["StatelessIf"] + counts["If"]
 
     static = _model(helpers.mirrored_strategy(2))

@@ -6,6 +6,7 @@ import pytest
 
 from keras_thor.optimizers import ASGD
 from keras_thor.optimizers import SAG
+from tests.helpers import stable_id
 
 BAD_ARGUMENTS = [
     # (optimizer, argument, value, error)
@@ -43,7 +44,7 @@ BAD_ARGUMENTS = [
 @pytest.mark.parametrize(
     "optimizer, argument, value, error",
     BAD_ARGUMENTS,
-    ids=[f"{o.__name__}-{a}-{v!r}" for o, a, v, _ in BAD_ARGUMENTS],
+    ids=[f"{o.__name__}-{a}-{stable_id(v)}" for o, a, v, _ in BAD_ARGUMENTS],
 )
 def test_bad_argument_names_argument_and_value(
     optimizer, argument, value, error

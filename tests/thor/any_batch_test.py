@@ -170,7 +170,7 @@ def _check_fit(model, fit, steps):
 
 def _factored_layers(optimizer):
     blocks = optimizer.curvature_blocks
-    return {blocks[i].layer.name for i in optimizer.factored_kernels}
+    return {blocks[i].layer.name for i in optimizer.step_plan.factored_kernels}
 
 
 def _dataset(x, y=None, batch=BATCH):
@@ -280,7 +280,7 @@ def test_steps_per_execution_and_both_orders_take_the_same_steps():
     # the factored order on batches of unknown static size.
     direct = _mlp(batch_size=4096)
     direct.fit(x, y, BATCH, epochs=2, shuffle=False, verbose=0)
-    assert not direct.optimizer.factored_kernels
+    assert not direct.optimizer.step_plan.factored_kernels
     factored = _mlp(batch_size=1)
     factored.fit(_dataset(x, y), epochs=2, shuffle=False, verbose=0)
     assert _factored_layers(factored.optimizer) == {"wide", "mine", "logits"}

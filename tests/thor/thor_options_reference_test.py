@@ -159,15 +159,14 @@ def test_factor_decay_and_statistics_frequency_follow_the_reference(
     # The averages differ from the last statistics step's factors: the
     # comparison above would fail without the averaging.
     thor = model.optimizer
-    index = min(thor.curvature_blocks)
+    first = thor.curvature_blocks[min(thor.curvature_blocks)]
+    state = thor.state_for(first.kernel)
     weight = sum(0.8**i for i in range(len(optimizer.statistics_steps)))
-    np.testing.assert_allclose(
-        float(thor._factor_weights[index].numpy()), weight
-    )
+    np.testing.assert_allclose(float(state.factor_weight), weight)
     a, g, c = optimizer.current_factors(0)
     last_g = optimizer.factors[0][-1][1]
     assert not np.allclose(g, last_g, rtol=1e-2)
-    stored_g = np.asarray(thor._g_factors[index].numpy())
+    stored_g = state.g_factor
     width = g.shape[0]
     blocks = [
         stored_g[b][: min(4, width - 4 * b), : min(4, width - 4 * b)]
@@ -199,10 +198,10 @@ def test_kl_clip_follows_the_reference_and_logs_the_guard_scale():
     logged = [logs["thor_guard_scale"] for logs in recorder.logs]
     np.testing.assert_allclose(logged, scales, rtol=1e-4)
     np.testing.assert_allclose(
-        float(model.optimizer._guard_scale.numpy()), scales[-1], rtol=1e-4
+        model.optimizer.estimator.guard_scale, scales[-1], rtol=1e-4
     )
     # No kernel takes the factored order under the guard.
-    assert model.optimizer.factored_kernels == frozenset()
+    assert model.optimizer.step_plan.factored_kernels == frozenset()
 
 
 def test_kl_clip_with_factored_order_widths_still_guards_every_kernel():
@@ -229,7 +228,7 @@ def test_kl_clip_with_factored_order_widths_still_guards_every_kernel():
     model.fit(
         x, y, batch_size=4, shuffle=False, verbose=0, callbacks=[recorder]
     )
-    assert model.optimizer.factored_kernels == frozenset()
+    assert model.optimizer.step_plan.factored_kernels == frozenset()
     expected, optimizer = options_reference.run_options_reference(
         wide, start, keras_models.random_batches(x, y, 4), CE, **hyper
     )
@@ -256,9 +255,10 @@ def test_statistics_rows_give_the_inverses_of_the_first_rows():
         thor = model.optimizer
         inverses.append(
             [
-                np.asarray(v.numpy())
-                for i in sorted(thor.curvature_blocks)
-                for v in (thor._a_inverses[i], thor._g_inverses[i])
+                inverse
+                for block in thor.curvature_blocks.values()
+                for state in [thor.state_for(block.kernel)]
+                for inverse in (state.a_inverse, state.g_inverse)
             ]
         )
     for rows_only, first_rows in zip(*inverses):

@@ -11,6 +11,7 @@ import pytest
 import keras_thor
 from keras_thor.optimizers import THOR
 from keras_thor.src.thor import blocks
+from keras_thor.src.thor.estimator import CurvatureEstimator
 from tests import helpers
 
 pytestmark = pytest.mark.tf_only
@@ -55,6 +56,11 @@ def _averaging_thor(**overrides):
     return THOR(**options)
 
 
+def _state(thor, index):
+    """The curvature state of THOR's variable `index`."""
+    return thor.state_for(thor.curvature_blocks[index].kernel)
+
+
 def _count_statistics(monkeypatch, model):
     """Counts Dense statistics and sums the steps they are computed at;
     the same for the layers' inversions."""
@@ -72,18 +78,18 @@ def _count_statistics(monkeypatch, model):
         steps.assign_add(model.optimizer.iterations)
 
     dense_statistics = blocks.dense_statistics
-    layer_inverses = THOR.layer_inverses
+    inverses = CurvatureEstimator.inverses
 
     def counted_statistics(inputs, sample_output_grads):
         count("statistics")
         return dense_statistics(inputs, sample_output_grads)
 
-    def counted_inverses(self, index, statistics):
+    def counted_inverses(self, index, statistics, damping):
         count("inverses")
-        return layer_inverses(self, index, statistics)
+        return inverses(self, index, statistics, damping)
 
     monkeypatch.setattr(blocks, "dense_statistics", counted_statistics)
-    monkeypatch.setattr(THOR, "layer_inverses", counted_inverses)
+    monkeypatch.setattr(CurvatureEstimator, "inverses", counted_inverses)
     return counts
 
 
@@ -103,8 +109,9 @@ class _Snapshots(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         thor = self.model.optimizer
-        self.factors.append(np.array(thor._g_factors[0].numpy()))
-        self.inverses.append(np.array(thor._g_inverses[0].numpy()))
+        state = _state(thor, 0)
+        self.factors.append(state.g_factor)
+        self.inverses.append(state.g_inverse)
         self.logs.append(dict(logs or {}))
 
 
@@ -154,7 +161,7 @@ def test_statistics_every_second_step_inverses_every_fourth(monkeypatch):
     thor = model.optimizer
     for index in thor.curvature_blocks:
         np.testing.assert_allclose(
-            float(thor._factor_weights[index].numpy()),
+            float(_state(thor, index).factor_weight),
             sum(0.9**i for i in range(6)),
         )
     refreshes = [logs["thor_refreshes"] for logs in snapshots.logs]
@@ -185,8 +192,9 @@ def test_train_on_batch_follows_the_statistics_schedule(monkeypatch):
     for step in range(9):
         batch = slice(16 * (step % 6), 16 * (step % 6 + 1))
         logs = model.train_on_batch(x[batch], y[batch], return_dict=True)
-        factors.append(np.array(model.optimizer._a_factors[0].numpy()))
-        inverses.append(np.array(model.optimizer._a_inverses[0].numpy()))
+        state = _state(model.optimizer, 0)
+        factors.append(state.a_factor)
+        inverses.append(state.a_inverse)
     assert _changed_at(factors) == [0, 2, 4, 6, 8]
     assert _changed_at(inverses, "inverses") == [0, 4, 8]
     assert _counted(counts)["inverses"] == (2 * 3, 2 * (0 + 4 + 8))
@@ -231,13 +239,14 @@ def test_non_finite_statistics_keep_the_previous_averages():
     assert thor.curvature_troubles >= 1
     # Every average stays finite (the logits layer's statistics are NaN
     # too or not, depending on what relu makes of a NaN).
-    for factors in (thor._a_factors, thor._g_factors):
+    for index in thor.curvature_blocks:
+        state = _state(thor, index)
         assert all(
-            np.isfinite(f.numpy()).all() for f in factors if f is not None
+            np.isfinite(f).all() for f in (state.a_factor, state.g_factor)
         )
     # The hidden layer's averages were kept (still their initial zeros).
-    np.testing.assert_array_equal(thor._a_factors[0].numpy(), 0.0)
-    np.testing.assert_array_equal(thor._g_factors[0].numpy(), 0.0)
+    np.testing.assert_array_equal(_state(thor, 0).a_factor, 0.0)
+    np.testing.assert_array_equal(_state(thor, 0).g_factor, 0.0)
     model.fit(x, y, batch_size=16, verbose=0)
     assert all(np.isfinite(w).all() for w in helpers.weights_of(model))
     assert all(
@@ -252,10 +261,9 @@ def test_non_finite_first_statistics_keep_the_previous_inverses():
     zero-initialized averages, `(0 + √λ·I)⁻¹ = I / √λ` (here 5·I)."""
     model, _, _ = _nan_first_batch(0.9)
     thor = model.optimizer
-    for inverse in (thor._a_inverses[0], thor._g_inverses[0]):
-        np.testing.assert_allclose(
-            inverse.numpy()[0], np.eye(inverse.shape[-1])
-        )
+    state = _state(thor, 0)
+    for inverse in (state.a_inverse, state.g_inverse):
+        np.testing.assert_allclose(inverse[0], np.eye(inverse.shape[-1]))
 
 
 def test_a_skipped_first_statistics_step_does_not_weigh_in_the_average():
@@ -270,7 +278,7 @@ def test_a_skipped_first_statistics_step_does_not_weigh_in_the_average():
     rows = x[32:48].astype("float64")
     expected = rows.T @ rows / len(rows)
     np.testing.assert_allclose(
-        model.optimizer._a_factors[0].numpy()[0], expected, rtol=1e-5
+        _state(model.optimizer, 0).a_factor[0], expected, rtol=1e-5
     )
 
 
@@ -423,9 +431,9 @@ def test_keras_file_with_every_option_resumes_as_uninterrupted(
     )
     for index in restored.curvature_blocks:
         np.testing.assert_allclose(
-            float(restored._factor_weights[index].numpy()), 1 + 0.8
+            float(_state(restored, index).factor_weight), 1 + 0.8
         )
-    assert float(restored._guard_scale.numpy()) < 1.0
+    assert restored.estimator.guard_scale < 1.0
     _fit(loaded, epochs=2)
     _assert_equals_uninterrupted(loaded, uninterrupted)
 
@@ -482,9 +490,7 @@ def test_thor_logs_reach_history_and_tensorboard(tmp_path):
     assert history.history["thor_refreshes"] == [2.0, 3.0]
     guard = history.history["thor_guard_scale"]
     assert all(0.0 < scale <= 1.0 for scale in guard)
-    np.testing.assert_allclose(
-        guard[-1], float(model.optimizer._guard_scale.numpy())
-    )
+    np.testing.assert_allclose(guard[-1], model.optimizer.estimator.guard_scale)
     scalars = _scalars(tmp_path / "train")
     for name in THOR_LOGS | {"thor_guard_scale"}:
         np.testing.assert_allclose(

@@ -244,7 +244,9 @@ def test_factored_order_equals_the_reference(batch_size):
         **HYPER,
     )
     blocks = model.optimizer.curvature_blocks
-    factored = {blocks[i].layer.name for i in model.optimizer.factored_kernels}
+    factored = {
+        blocks[i].layer.name for i in model.optimizer.step_plan.factored_kernels
+    }
     assert factored == ({"layer0", "layer1"} if batch_size == 4 else {"layer0"})
     for a, e in zip(actual, expected):
         assert keras_models.relative_error(a, keras_models.flat(e)) < 1e-4

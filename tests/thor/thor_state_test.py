@@ -108,6 +108,20 @@ def test_state_is_created_in_build_in_a_fixed_order():
     assert len(model.optimizer.variables) == count
 
 
+def test_state_for_reads_a_block_and_refuses_other_variables():
+    model = _model()
+    model.optimizer.build(model.trainable_variables)
+    hidden = model.get_layer("hidden")
+    state = model.optimizer.state_for(hidden.kernel)
+    np.testing.assert_array_equal(state.a_inverse, np.stack([np.eye(8)] * 2))
+    assert state.g_inverse.shape == (2, 8, 8)
+    # Options that are off leave their fields empty.
+    assert state.a_factor is None and state.factor_weight is None
+    assert state.last_trace is None and state.stopped is None
+    with pytest.raises(ValueError, match="curvature block"):
+        model.optimizer.state_for(hidden.bias)
+
+
 def test_keras_file_resume_equals_uninterrupted(tmp_path):
     reference = _model()
     _fit(reference, epochs=4)

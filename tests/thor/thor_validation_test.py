@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from keras_thor.optimizers import THOR
+from tests.helpers import stable_id
 
 GOOD = dict(learning_rate=0.1, damping=0.03, momentum=0.9)
 
@@ -42,7 +43,7 @@ BAD_ARGUMENTS = [
 @pytest.mark.parametrize(
     "name, value, error, message",
     BAD_ARGUMENTS,
-    ids=[f"{b[0]}={b[1]!r}" for b in BAD_ARGUMENTS],
+    ids=[f"{b[0]}={stable_id(b[1])}" for b in BAD_ARGUMENTS],
 )
 def test_bad_arguments_name_the_argument_and_the_value(
     name, value, error, message

@@ -10,6 +10,7 @@ import keras
 from keras_thor.src.boost.adasum import AdaSum
 from keras_thor.src.boost.boost_model import to_boost_model
 from keras_thor.src.boost.boost_optimizer import BoostOptimizer
+from keras_thor.src.boost.boost_optimizer import wiring_of
 from keras_thor.src.boost.centralization import centralized_variable_paths
 from keras_thor.src.boost.dim_reduce import DimReduce
 from keras_thor.src.boost.gradient_freeze import GradientFreeze
@@ -37,8 +38,21 @@ MODES = ("auto", "manual", "enable_all", "disable_all")
 # Need more than the model and optimizer (stage-1 snapshots, a manager):
 # `enable_all` leaves them off.
 NEEDS_INPUT = ("dim_reduce", "loss_scale_group")
+# The `BoostOptimizer` argument of each switch that has one: its wiring
+# says what it refuses beside it and whether it runs alone.
+ARGUMENTS = {
+    "grad_freeze": "grad_freeze",
+    "adasum": "adasum",
+    "grad_accumulation": "grad_accumulation_step",
+    "dim_reduce": "dim_reduce",
+    "loss_scale_group": "group_loss_scale",
+}
 # Run alone: the others are turned off.
-ALONE = ("dim_reduce", "loss_scale_group")
+ALONE = tuple(
+    switch
+    for switch, argument in ARGUMENTS.items()
+    if wiring_of(argument).runs_alone
+)
 # Every section's keys and defaults (MindSpore's), plus `seed`.
 DEFAULTS = {
     "boost": {"mode": "auto", **dict.fromkeys(ALGORITHMS, False)},
@@ -69,6 +83,12 @@ DEFAULTS = {
     },
     "loss_scale_group": {},
 }
+
+
+def _refuses(switch, other):
+    """Whether the algorithm of `switch` does not run beside that of
+    `other` (the rule `BoostOptimizer` enforces)."""
+    return ARGUMENTS[other] in wiring_of(ARGUMENTS[switch]).refuses
 
 
 def _has_removable_batch_normalizations(model):
@@ -229,7 +249,11 @@ class AutoBoost:
             if self.flags["grad_freeze"]
             else None
         )
-        if self.grad_freeze is not None and self.flags["grad_accumulation"]:
+        if (
+            self.grad_freeze is not None
+            and self.flags["grad_accumulation"]
+            and _refuses("grad_freeze", "grad_accumulation")
+        ):
             warnings.warn(
                 "Gradient freezing turns gradient accumulation off (as in "
                 "MindSpore).",

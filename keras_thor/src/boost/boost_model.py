@@ -19,18 +19,17 @@ def _boost_optimizer_of(optimizer):
 def _loss_scale_inside(optimizer):
     """The compiled optimizer with Keras's `mixed_float16` loss scaling
     moved inside a `BoostOptimizer` (which then unscales and skips as the
-    `LossScaleOptimizer` would); with group loss scaling or DimReduce,
-    none at all."""
+    `LossScaleOptimizer` would); with an algorithm that runs
+    `without_global_loss_scale` (group loss scaling, DimReduce), none at
+    all."""
     if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return optimizer
     boost = _boost_optimizer_of(optimizer.inner_optimizer)
     if boost is None:
         return optimizer
     inner = boost.inner_optimizer
-    if (
-        boost.group_loss_scale is not None
-        or boost.dim_reduce is not None
-        or isinstance(inner, keras.optimizers.LossScaleOptimizer)
+    if boost.without_global_loss_scale or isinstance(
+        inner, keras.optimizers.LossScaleOptimizer
     ):
         return boost
     return boost.replaced(

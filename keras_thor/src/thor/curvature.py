@@ -30,6 +30,7 @@ from keras_thor.src.thor.blocks import ConvKronecker
 from keras_thor.src.thor.blocks import DenseKronecker
 from keras_thor.src.thor.blocks import EinsumDenseKronecker
 from keras_thor.src.thor.blocks import EmbeddingKronecker
+from keras_thor.src.thor.blocks import KroneckerBlock
 from keras_thor.src.thor.blocks import NormalizationDiagonal
 from keras_thor.src.thor.einsum_layout import UnsupportedEinsumError
 from keras_thor.src.thor.einsum_layout import einsum_layout
@@ -335,3 +336,35 @@ def attach_curvature(model):
 def preconditioner_of(variable):
     """The block (or diagonal rule) of a marked variable, else `None`."""
     return getattr(variable, _PRECONDITIONER, None)
+
+
+def preconditioners_of(variables, preconditions_bias):
+    """`(preconditioners, blocks)` of THOR's trained variables.
+
+    `preconditioners[i]` is variable `i`'s block or diagonal rule, `None`
+    for a bias that `preconditions_bias(bias_block)` leaves out; `blocks`
+    is `{i: block}` of the Kronecker blocks among them. Raises a
+    `ValueError` when there is none.
+    """
+    preconditioners = []
+    for variable in variables:
+        preconditioner = preconditioner_of(variable)
+        if isinstance(preconditioner, BiasKronecker):
+            if not preconditions_bias(preconditioner):
+                preconditioner = None
+        preconditioners.append(preconditioner)
+    blocks = {
+        index: block
+        for index, block in enumerate(preconditioners)
+        if isinstance(block, KroneckerBlock)
+    }
+    if not blocks:
+        raise ValueError(
+            "THOR found no layer with curvature among the "
+            f"{len(variables)} variables it trains. Convert the model "
+            "first: `model = keras_thor.convert_to_thor_model(model)`, "
+            "or subclass `keras_thor.models.ThorModel` instead of "
+            "`keras.Model` (`keras_thor.curvature_coverage(model)` "
+            "lists what THOR can precondition)."
+        )
+    return preconditioners, blocks

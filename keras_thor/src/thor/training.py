@@ -13,7 +13,6 @@ import keras
 from keras import ops
 
 from keras_thor.src import keras_internals
-from keras_thor.src.backend.dense import dense
 from keras_thor.src.distribute import replicas
 from keras_thor.src.distribute.train_step import apply_gradients
 from keras_thor.src.distribute.train_step import examples as batch_examples
@@ -21,6 +20,7 @@ from keras_thor.src.distribute.train_step import keras_train_step
 from keras_thor.src.distribute.train_step import scaled_training_loss
 from keras_thor.src.distribute.train_step import training_call
 from keras_thor.src.thor import capture
+from keras_thor.src.thor.kl_guard import guarded_gradients
 from keras_thor.src.thor.optimizer import THOR
 from keras_thor.src.thor.sampled_fisher import fisher_loss_kind
 from keras_thor.src.thor.sampled_fisher import sampled_loss
@@ -34,67 +34,17 @@ def thor_optimizer_of(optimizer):
     return optimizer if isinstance(optimizer, THOR) else None
 
 
-def _first_examples(tensors, count):
-    """The first `count` examples of every tensor in `tensors`."""
-    return keras.tree.map_structure(lambda tensor: tensor[:count], tensors)
-
-
-def curvature_statistics(thor, calls, output_grads, sample_scale):
-    """THOR's factors `{kernel index: (A, G, c)}` over the global batch.
-
-    `sample_scale` turns a gradient of the (scaled, replica-shared) mean
-    loss into a per-sample gradient. Sums are all-reduced across replicas,
-    one collective per bucket of `thor.block_buckets()`, then divided
-    by the global row count. Several calls of one layer pool their rows.
-    With `statistics_rows`, each call keeps its first examples only.
-    """
-    sums = {}
-    for call, output_grad in zip(calls, output_grads):
-        if output_grad is None:
-            continue
-        index = thor.variable_index(call.block.kernel)
-        if index is None:
-            continue
-        inputs = call.inputs
-        sample_grads = ops.cast(output_grad, "float32") * sample_scale
-        if thor.statistics_rows is not None:
-            inputs, sample_grads = _first_examples(
-                (inputs, sample_grads), thor.statistics_rows
-            )
-        a_sum, g_sum, rows, factor_scale = call.block.statistics(
-            inputs, sample_grads
-        )
-        if index in sums:
-            previous = sums[index]
-            a_sum, g_sum = a_sum + previous[0], g_sum + previous[1]
-            rows = rows + previous[2]
-        sums[index] = (a_sum, g_sum, rows, factor_scale)
-
-    statistics = {}
-    for bucket in thor.block_buckets():
-        present = [index for index in bucket if index in sums]
-        if not present:
-            continue
-        flat = replicas.all_reduce_sum(
-            [tensor for index in present for tensor in sums[index][:3]]
-        )
-        for position, index in enumerate(present):
-            a_sum, g_sum, rows = flat[3 * position : 3 * position + 3]
-            statistics[index] = (a_sum / rows, g_sum / rows, sums[index][3])
-    return statistics
-
-
-def _factored_calls(thor, calls):
+def _factored_calls(plan, calls):
     """`{kernel index: [call positions]}` of the factored-order kernels."""
     factored = {}
     for position, call in enumerate(calls):
-        index = thor.variable_index(call.block.kernel)
-        if index in thor.factored_kernels:
+        index = plan.variable_index(call.block.kernel)
+        if index in plan.factored_kernels:
             factored.setdefault(index, []).append(position)
     return factored
 
 
-def _gradients(thor, variables, calls, factored, scaled_loss, tape, refresh):
+def _gradients(plan, variables, calls, factored, scaled_loss, tape, refresh):
     """One backward pass: `(grads, output_grads)`.
 
     `grads[i]` is `variables[i]`'s gradient, `None` for factored-order
@@ -102,8 +52,7 @@ def _gradients(thor, variables, calls, factored, scaled_loss, tape, refresh):
     `calls[p]`'s outputs where needed (every call if `refresh`, the
     factored-order calls otherwise), else `None`.
     """
-    blocks = thor.curvature_blocks
-    skipped = {id(blocks[index].kernel) for index in factored}
+    skipped = {id(plan.blocks[index].kernel) for index in factored}
     factored_positions = {
         p for positions in factored.values() for p in positions
     }
@@ -128,11 +77,13 @@ def _add_factored_gradients(
     """Fills in `A⁻¹ · g · G⁻¹` of the factored-order kernels (summed over
     their calls), from the stored inverses."""
     for position, variable in enumerate(variables):
-        index = thor.variable_index(variable)
+        index = thor.step_plan.variable_index(variable)
         if index not in factored:
             continue
         parts = [
-            thor.factored_gradient(index, calls[p].inputs, output_grads[p])
+            thor.estimator.factored_gradient(
+                index, calls[p].inputs, output_grads[p]
+            )
             for p in factored[index]
             if output_grads[p] is not None
         ]
@@ -159,43 +110,6 @@ def _sampled_fisher_loss(model, thor, y_pred):
     return model.optimizer.scale_loss(loss / replicas.replica_count())
 
 
-def _guarded_gradients(model, thor, variables, grads):
-    """The kernels' gradients replaced by their guarded directions `ν·d`.
-
-    `d` comes from the global gradient (summed across replicas here, one
-    collective), so `ν` is the same on every replica; each replica then
-    passes `ν·d / replicas`, in the loss's scale, which the optimizer sums
-    and unscales as it does gradients.
-    """
-    guarded = thor.preconditioned_in_step
-    positions = []
-    for position, variable in enumerate(variables):
-        index = thor.variable_index(variable)
-        if index in guarded and grads[position] is not None:
-            positions.append((position, index))
-    if not positions:
-        return grads
-    raw = [ops.cast(dense(grads[p]), "float32") for p, _ in positions]
-    count = replicas.replica_count()
-    if count > 1:
-        raw = replicas.all_reduce_sum(raw)
-    loss_scale = ops.cast(model.optimizer.scale_loss(1.0), "float32")
-    unscaled = [g / loss_scale for g in raw]
-    directions = thor.guard(
-        [
-            thor.precondition_kernel(index, g)
-            for g, (_, index) in zip(unscaled, positions)
-        ],
-        unscaled,
-    )
-    grads = list(grads)
-    for (position, _), direction in zip(positions, directions):
-        grads[position] = ops.cast(
-            direction * (loss_scale / count), variables[position].dtype
-        )
-    return grads
-
-
 def train_step(model, data, statistics, invert):
     """One training step; it gathers curvature statistics if `statistics`
     and then refreshes the inverses if `invert`.
@@ -204,7 +118,7 @@ def train_step(model, data, statistics, invert):
     record their calls, the loss is differentiated with respect to their
     outputs too (statistics steps, and Dense layers preconditioned in the
     factored order; with `fisher="sampled"`, a second loss at sampled
-    targets gives the statistics), the factors go to the optimizer before
+    targets gives the statistics), the estimator takes the factors before
     `apply_gradients`, and with `kl_clip` the kernels' directions are
     guarded here. The logs carry `THOR.training_logs()`. Under a strategy, a
     `LossScaleOptimizer` sees an overflow on any replica (Keras's looks at
@@ -222,11 +136,13 @@ def train_step(model, data, statistics, invert):
         # the model, then the optimizer (a `LossScaleOptimizer` too).
         keras_internals.symbolic_build(model, data)
         variables = model.trainable_weights
-    blocks = thor.curvature_blocks
+    plan = thor.step_plan
     recorded = (
-        blocks if statistics else {i: blocks[i] for i in thor.factored_kernels}
+        plan.blocks
+        if statistics
+        else {i: plan.blocks[i] for i in plan.factored_kernels}
     )
-    sampled = statistics and thor.fisher == "sampled"
+    sampled = statistics and plan.fisher == "sampled"
     with capture.thor_training_step():
         with tf.GradientTape(persistent=sampled) as tape:
             with capture.capture_calls(recorded.values()) as calls:
@@ -236,9 +152,9 @@ def train_step(model, data, statistics, invert):
             )
             if sampled:
                 fisher_loss = _sampled_fisher_loss(model, thor, y_pred)
-        factored = _factored_calls(thor, calls)
+        factored = _factored_calls(plan, calls)
         grads, output_grads = _gradients(
-            thor,
+            plan,
             variables,
             calls,
             factored,
@@ -252,22 +168,21 @@ def train_step(model, data, statistics, invert):
                 fisher_loss, [call.outputs for call in calls]
             )
             del tape
+        loss_scale = ops.cast(model.optimizer.scale_loss(1.0), "float32")
         if statistics:
-            loss_scale = ops.cast(model.optimizer.scale_loss(1.0), "float32")
             examples = batch_examples(x) * replicas.replica_count()
             sample_scale = ops.cast(examples, "float32") / loss_scale
-            thor.refresh_curvature(
-                curvature_statistics(
-                    thor, calls, statistics_grads, sample_scale
-                ),
+            thor.estimator.refresh(
+                thor.estimator.gather(calls, statistics_grads, sample_scale),
+                thor.current_damping(),
                 invert=invert,
             )
         # After the refresh: the factored products read the new inverses.
         grads = _add_factored_gradients(
             thor, variables, grads, calls, factored, output_grads
         )
-        if thor.kl_clip is not None:
-            grads = _guarded_gradients(model, thor, variables, grads)
+        if plan.guarded_kernels:
+            grads = guarded_gradients(thor, variables, grads, loss_scale)
         apply_gradients(model.optimizer, grads, variables)
     logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
     return {**logs, **thor.training_logs()}

@@ -27,17 +27,6 @@ def clip_by_norm(gradient, clip_norm=1.0):
     return gradient * (clip_norm / ops.maximum(norm, clip_norm))
 
 
-def kl_clip_scale(inner_product, learning_rate, kl_clip):
-    """kfac-pytorch's KL clip: `ν = min(1, sqrt(kl_clip / |lr² · ⟨d, g⟩|))`.
-
-    `inner_product` is `Σ ⟨d, g⟩` over the preconditioned kernels. A zero
-    or non-finite product gives `ν = 1`.
-    """
-    quadratic = ops.abs(learning_rate * learning_rate * inner_product)
-    scale = ops.minimum(1.0, ops.sqrt(kl_clip / ops.maximum(quadratic, 1e-30)))
-    return ops.where(ops.isfinite(quadratic), scale, ops.ones_like(scale))
-
-
 def momentum_step(
     variable, velocity, direction, learning_rate, momentum, nesterov
 ):

@@ -1,0 +1,71 @@
+"""THOR's step-size guard (`kl_clip`, kfac-pytorch's KL clip).
+
+```
+d_i = A_i⁻¹ · g_i · G_i⁻¹                 for each guarded kernel i
+ν   = min(1, sqrt(kl_clip / |lr² · Σ_i ⟨d_i, g_i⟩|))
+d_i ← ν · d_i
+```
+
+Notation:
+    - `g_i`: kernel `i`'s gradient of the mean loss, summed across the
+      replicas and unscaled, so `ν` is the same on every replica.
+    - `A_i⁻¹`, `G_i⁻¹`: the stored inverses; `lr`: the step's learning
+      rate; the guarded kernels are the `StepPlan.guarded_kernels`.
+    - `ν`: the guard scale, 1 for a zero or non-finite sum; the estimator
+      keeps the last one for the logs (`thor_guard_scale`).
+"""
+
+from keras import ops
+
+from keras_thor.src.backend.dense import dense
+from keras_thor.src.distribute import replicas
+
+
+def kl_clip_scale(inner_product, learning_rate, kl_clip):
+    """`ν = min(1, sqrt(kl_clip / |lr² · Σ ⟨d, g⟩|))`, 1 for a zero or
+    non-finite `inner_product`."""
+    quadratic = ops.abs(learning_rate * learning_rate * inner_product)
+    scale = ops.minimum(1.0, ops.sqrt(kl_clip / ops.maximum(quadratic, 1e-30)))
+    return ops.where(ops.isfinite(quadratic), scale, ops.ones_like(scale))
+
+
+def guarded_gradients(thor, variables, grads, loss_scale):
+    """`grads` with the guarded kernels' gradients replaced by `ν · d`.
+
+    One collective sums the guarded gradients across replicas; each
+    replica then passes `ν · d / replicas` in the loss's scale
+    (`loss_scale`), which the optimizer sums and unscales as it does
+    gradients. Records `ν` in `thor.estimator`.
+    """
+    plan = thor.step_plan
+    positions = []
+    for position, variable in enumerate(variables):
+        index = plan.variable_index(variable)
+        if index in plan.guarded_kernels and grads[position] is not None:
+            positions.append((position, index))
+    if not positions:
+        return grads
+    raw = [ops.cast(dense(grads[p]), "float32") for p, _ in positions]
+    count = replicas.replica_count()
+    if count > 1:
+        raw = replicas.all_reduce_sum(raw)
+    unscaled = [g / loss_scale for g in raw]
+    damping = thor.current_damping()
+    directions = [
+        thor.estimator.precondition(index, g, damping, float(thor.batch_size))
+        for g, (_, index) in zip(unscaled, positions)
+    ]
+    # Non-finite inner products give ν = 1 (the update then leaves
+    # non-finite directions out).
+    inner = sum(ops.sum(d * g) for d, g in zip(directions, unscaled))
+    scale = kl_clip_scale(
+        inner, ops.cast(thor.learning_rate, "float32"), thor.kl_clip
+    )
+    thor.estimator.record_guard_scale(scale)
+    grads = list(grads)
+    for (position, _), direction in zip(positions, directions):
+        grads[position] = ops.cast(
+            scale * direction * (loss_scale / count),
+            variables[position].dtype,
+        )
+    return grads

@@ -1,0 +1,266 @@
+"""THOR's curvature options: one frozen, validated record.
+
+`THOR(...)` builds a `CurvatureOptions` from its arguments; the
+`CurvatureEstimator` and the training step's `StepPlan` read it. The
+defaults are MindSpore's rule; every other value is an opt-in option
+beyond it (docs/thor.md, "Curvature options").
+"""
+
+import dataclasses
+
+from keras_thor.src.utils import validation
+
+FISHER_KINDS = ("empirical", "sampled")
+BIAS_RULES = (None, "shared", "all")
+# Faster at 2 and 4 CPU replicas (docs/benchmarks.md, "THOR's reductions").
+SPREAD_INVERSES_DEFAULT = True
+
+CURVATURE_OPTION_ARGS = """split_indices: Sorted layer indices after which the
+            cross-replica reduction of the statistics is cut into a new
+            bucket (MindSpore's all-reduce fusion points). Defaults to one
+            bucket.
+        frequency: Integer >= 2: refresh the curvature every `frequency`
+            steps. Defaults to `100`.
+        split_dim: Integer > 0: the block size of the block-diagonal
+            inverses. Defaults to `128`.
+        factor_decay: `None` (MindSpore: each refresh overwrites the
+            factors with one batch's) or a float `α` in [0, 1): the factors
+            are moving averages over the statistics steps, the first one
+            the first batch's (kfac-jax's normalized average; kfac-pytorch
+            starts from the identity). Defaults to `None`.
+        statistics_frequency: `None` (statistics on refresh steps only) or
+            an integer >= 1 dividing `frequency`: gather statistics every
+            `statistics_frequency` steps and invert every `frequency`
+            (kfac-jax: 1 and 5). Needs `factor_decay`. Defaults to `None`.
+        statistics_rows: `None` (the whole batch) or an integer >= 1: the
+            statistics use only the first `statistics_rows` examples of
+            each replica's batch. Defaults to `None`.
+        fisher: `"empirical"` (MindSpore: `G` from the gradients of the
+            loss at the data's labels) or `"sampled"` (at targets drawn
+            from the model's predictive distribution, one per example;
+            for cross-entropy and mean squared error losses, see
+            `keras_thor.src.thor.sampled_fisher`). Defaults to
+            `"empirical"`.
+        kl_clip: `None` or a float > 0: the step-size guard `ν` of
+            THOR's update rule (`keras_thor.src.thor.kl_guard`).
+            With it the kernels are preconditioned in the training step
+            (never in the factored order). Defaults to `None`.
+        precondition_biases: `None` (MindSpore: biases take the plain
+            gradient), `"shared"` or `"all"`: precondition the biases of
+            layers with Kronecker curvature as K-FAC's homogeneous
+            coordinate, `(1 + √λ)⁻¹ · g_b · (G_b + √λ·I)⁻¹`, where
+            `G_b = SᵀS / N` is the second moment of the per-example bias
+            gradients `S` (the output gradients summed over the positions
+            the bias is shared by). `"shared"` does it only for biases
+            added at several positions of each example (convolutions,
+            Dense and EinsumDense layers on sequences), `"all"` for every
+            such layer's bias. Defaults to `None`.
+        trace_thresholds: `None` (MindSpore: every layer is inverted at
+            every refresh step) or `(ω₁, ω₂)` with `0 <= ω₂ <= ω₁` (a float
+            is `(ω₁, 0.0)`): the THOR paper's trace rule. At a refresh
+            step, a layer whose damped Kronecker factors' trace changed by
+            a relative `Δ > ω₁` since its last inversion is inverted; one
+            with `ω₂ <= Δ <= ω₁` keeps its inverses; one with `Δ < ω₂`
+            keeps them for good. The paper uses `(0.01, 0.0)` and
+            `(0.01, 0.001)`. Statistics are still gathered for every
+            layer; the inversions are what is saved. Defaults to `None`.
+        spread_inverses: Boolean: under a tf.distribute strategy, each
+            replica inverts a share of the layers (balanced by cost) and
+            the inverses are then summed across replicas (KAISA-style);
+            otherwise every replica inverts every layer. No effect on one
+            device. Defaults to `True`, measured faster on logical CPU
+            devices (docs/distributed.md)."""
+
+
+def with_curvature_option_args(cls):
+    """Fills `{{curvature_option_args}}` in `cls.__doc__`."""
+    cls.__doc__ = cls.__doc__.replace(
+        "{{curvature_option_args}}", CURVATURE_OPTION_ARGS
+    )
+    return cls
+
+
+def _option(name):
+    return property(
+        lambda self: getattr(self.curvature_options, name),
+        doc=f"The `{name}` curvature option (`CurvatureOptions`).",
+    )
+
+
+def with_curvature_options(cls):
+    """`with_curvature_option_args`, and each option (and the
+    `statistics_period`) as a read-only attribute of `cls`, read from its
+    `curvature_options`."""
+    names = [field.name for field in dataclasses.fields(CurvatureOptions)]
+    for name in names + ["statistics_period"]:
+        setattr(cls, name, _option(name))
+    return with_curvature_option_args(cls)
+
+
+def _checked_split_indices(split_indices):
+    if split_indices is None:
+        return None
+    if not isinstance(split_indices, (list, tuple)):
+        raise TypeError(
+            "Argument `split_indices` must be a non-empty list of integers. "
+            f"Received: split_indices={split_indices!r}"
+        )
+    if not split_indices:
+        raise ValueError(
+            "Argument `split_indices` must be a non-empty list of integers "
+            "(or None for one bucket). Received: split_indices=[]"
+        )
+    indices = [
+        validation.check_int("split_indices", i, 0) for i in split_indices
+    ]
+    if indices != sorted(set(indices)):
+        raise ValueError(
+            "Argument `split_indices` must be strictly increasing. "
+            f"Received: split_indices={split_indices!r}"
+        )
+    return indices
+
+
+def _checked_trace_thresholds(trace_thresholds):
+    """`None`, or `(ω₁, ω₂)` as floats with `0 <= ω₂ <= ω₁` (a float `ω₁`
+    means `(ω₁, 0.0)`)."""
+    if trace_thresholds is None:
+        return None
+    message = (
+        "Argument `trace_thresholds` must be None, a float ω₁ >= 0 or a "
+        "pair (ω₁, ω₂) of floats with 0 <= ω₂ <= ω₁. Received: "
+        f"trace_thresholds={trace_thresholds!r}"
+    )
+    if isinstance(trace_thresholds, str):
+        raise TypeError(message)
+    if hasattr(trace_thresholds, "__len__"):
+        pair = tuple(trace_thresholds)
+        if len(pair) != 2:
+            raise ValueError(message)
+    else:
+        pair = (trace_thresholds, 0.0)
+    try:
+        update, stop = (
+            validation.check_float("trace_thresholds", value, minimum=0.0)
+            for value in pair
+        )
+    except (TypeError, ValueError) as error:
+        raise type(error)(message) from None
+    if stop > update:
+        raise ValueError(message)
+    return update, stop
+
+
+def _checked_factor_decay(factor_decay):
+    if factor_decay is None:
+        return None
+    factor_decay = validation.check_float("factor_decay", factor_decay)
+    if not 0.0 <= factor_decay < 1.0:
+        raise ValueError(
+            "Argument `factor_decay` must be in [0, 1) or None. "
+            f"Received: factor_decay={factor_decay}"
+        )
+    return factor_decay
+
+
+def _checked_statistics_frequency(statistics_frequency, frequency, decay):
+    if statistics_frequency is None:
+        return None
+    statistics_frequency = validation.check_int(
+        "statistics_frequency", statistics_frequency, 1
+    )
+    if frequency % statistics_frequency:
+        raise ValueError(
+            "Argument `statistics_frequency` must divide `frequency` "
+            "(the inverses are refreshed on a statistics step). "
+            f"Received: statistics_frequency={statistics_frequency}, "
+            f"frequency={frequency}"
+        )
+    if statistics_frequency < frequency and decay is None:
+        raise ValueError(
+            "Statistics between refreshes only count when they are "
+            "averaged: set `factor_decay` (e.g. 0.95) with "
+            "`statistics_frequency`. Received: "
+            f"statistics_frequency={statistics_frequency}, "
+            "factor_decay=None"
+        )
+    return statistics_frequency
+
+
+def _checked_kl_clip(kl_clip):
+    if kl_clip is None:
+        return None
+    kl_clip = validation.check_float("kl_clip", kl_clip)
+    if kl_clip <= 0:
+        raise ValueError(
+            "Argument `kl_clip` must be > 0 or None. "
+            f"Received: kl_clip={kl_clip}"
+        )
+    return kl_clip
+
+
+@with_curvature_option_args
+@dataclasses.dataclass(frozen=True)
+class CurvatureOptions:
+    """How THOR estimates, refreshes and applies its curvature.
+
+    Each field is the `THOR` argument of the same name. Construction
+    validates them, with Keras's error messages, and normalizes them
+    (`trace_thresholds` to a pair of floats, `split_indices` to a list).
+
+    Args:
+        {{curvature_option_args}}
+    """
+
+    split_indices: list = None
+    frequency: int = 100
+    split_dim: int = 128
+    spread_inverses: bool = SPREAD_INVERSES_DEFAULT
+    factor_decay: float = None
+    statistics_frequency: int = None
+    statistics_rows: int = None
+    fisher: str = "empirical"
+    kl_clip: float = None
+    precondition_biases: str = None
+    trace_thresholds: tuple = None
+
+    def __post_init__(self):
+        validation.check_bool("spread_inverses", self.spread_inverses)
+        validation.check_one_of(
+            "precondition_biases", self.precondition_biases, BIAS_RULES
+        )
+        checked = {
+            "frequency": validation.check_int("frequency", self.frequency, 2),
+            "split_dim": validation.check_int("split_dim", self.split_dim, 1),
+            "split_indices": _checked_split_indices(self.split_indices),
+            "trace_thresholds": _checked_trace_thresholds(
+                self.trace_thresholds
+            ),
+            "factor_decay": _checked_factor_decay(self.factor_decay),
+        }
+        checked["statistics_frequency"] = _checked_statistics_frequency(
+            self.statistics_frequency,
+            checked["frequency"],
+            checked["factor_decay"],
+        )
+        if self.statistics_rows is not None:
+            checked["statistics_rows"] = validation.check_int(
+                "statistics_rows", self.statistics_rows, 1
+            )
+        validation.check_one_of("fisher", self.fisher, FISHER_KINDS)
+        checked["kl_clip"] = _checked_kl_clip(self.kl_clip)
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def statistics_period(self):
+        """Steps between statistics steps (`statistics_frequency`, else
+        `frequency`)."""
+        return self.statistics_frequency or self.frequency
+
+    def preconditions_bias(self, bias_block):
+        """Whether `precondition_biases` selects the bias of `bias_block`
+        (a `BiasKronecker`)."""
+        if self.precondition_biases == "shared":
+            return bias_block.shared
+        return self.precondition_biases == "all"
