@@ -60,13 +60,16 @@ def assert_all_close(actual, expected, atol=1e-6, rtol=1e-6):
         np.testing.assert_allclose(a, e, atol=atol, rtol=rtol)
 
 
-def assert_same_training_state(model, reference, atol=1e-6):
+def assert_same_training_state(model, reference, atol=1e-6, rtol=1e-6):
     """Weights and optimizer state of `model` equal `reference`'s."""
-    assert_all_close(weights_of(model), weights_of(reference), atol=atol)
+    assert_all_close(
+        weights_of(model), weights_of(reference), atol=atol, rtol=rtol
+    )
     assert_all_close(
         optimizer_state(model.optimizer),
         optimizer_state(reference.optimizer),
         atol=atol,
+        rtol=rtol,
     )
 
 

@@ -77,6 +77,7 @@ def _fit(model, epochs=2, callbacks=()):
         (2, {"enable_clip_grad": True}),
         (4, {"enable_clip_grad": True, "spread_inverses": False}),
         (2, {"spread_inverses": False}),
+        (2, {"damping_split": "pi", "factor_decay": 0.8}),
     ],
 )
 def test_replicas_equal_one_device(replicas, thor_args):
@@ -89,7 +90,10 @@ def test_replicas_equal_one_device(replicas, thor_args):
         single_history.history["loss"],
         rtol=1e-5,
     )
-    helpers.assert_same_training_state(mirrored, single, atol=1e-5)
+    # π leaves G a small damping here (√λ/π), so its inverses reach ~80
+    # and the order of the float32 sums across replicas shows at ~5e-5.
+    rtol = 1e-4 if thor_args.get("damping_split") == "pi" else 1e-6
+    helpers.assert_same_training_state(mirrored, single, atol=1e-5, rtol=rtol)
     helpers.assert_replicas_identical(
         mirrored.optimizer.variables + mirrored.weights
     )

@@ -12,9 +12,11 @@ statistics steps: t = 0, k, 2k, ...   (k = statistics_frequency or frequency)
     with factor_decay α: F = Σ_i α^(t_last - t_i) F_i / Σ_i α^(t_last - t_i)
         over the statistics steps so far (kept as the list of all of them)
 refresh steps: t = 0, f, 2f, ...: inverses of F (as reference.layer_inverses)
-    with trace_thresholds (ω₁, ω₂), per layer, T = tr((c·A + √λI) ⊗ (c·G + √λI))
-    formed as a Kronecker product, T_last its value at the layer's last
-    inversion, Δ = |T − T_last| / T_last:
+    with damping_split="pi": (c·A + π√λI)⁻¹, (c·G + √λ/π·I)⁻¹,
+        π = sqrt((tr A / d_A) / (tr G / d_G)) of the whole F (1 at a 0 trace)
+    with trace_thresholds (ω₁, ω₂), per layer,
+    T = tr((c·A + π√λI) ⊗ (c·G + √λ/π·I)) formed as a Kronecker product,
+    T_last its value at the layer's last inversion, Δ = |T − T_last| / T_last:
         first inversion or Δ > ω₁: invert; Δ < ω₂: the layer stops for good;
         otherwise keep the inverses
 every step: d = A⁻¹ g G⁻¹ for the THOR kernels,
@@ -37,16 +39,52 @@ def averaged(factors, decay):
     return total / sum(weights)
 
 
-def damped_trace(layer_spec, factors, damping):
-    """`tr((c·A + √λI) ⊗ (c·G + √λI))`, the Kronecker product formed."""
+def pi_correction(layer_spec, factors):
+    """K-FAC's `π = sqrt((tr A / d_A) / (tr G / d_G))`, 1 at a 0 trace."""
+    a_factor, g_factor, _ = factors
+    a_factor = np.asarray(a_factor, np.float64)
+    if layer_spec["type"] == "embedding":
+        a_mean = a_factor.mean()
+    else:
+        a_mean = np.trace(a_factor) / len(a_factor)
+    g_mean = np.trace(g_factor) / len(g_factor)
+    if a_mean <= 0 or g_mean <= 0:
+        return 1.0
+    return math.sqrt(a_mean / g_mean)
+
+
+def damped_factors(layer_spec, factors, damping, split):
+    """`(c·A + π√λI, c·G + √λ/π·I)` as dense matrices (π = 1 for the
+    "uniform" split)."""
     a_factor, g_factor, scale = factors
+    pi = 1.0 if split == "uniform" else pi_correction(layer_spec, factors)
     shift = math.sqrt(damping)
     if layer_spec["type"] == "embedding":
-        a_damped = np.diag(np.asarray(a_factor, np.float64) + shift)
+        a_damped = np.diag(np.asarray(a_factor, np.float64) + pi * shift)
     else:
-        a_damped = scale * a_factor + shift * np.eye(len(a_factor))
-    g_damped = scale * g_factor + shift * np.eye(len(g_factor))
+        a_damped = scale * a_factor + pi * shift * np.eye(len(a_factor))
+    g_damped = scale * g_factor + shift / pi * np.eye(len(g_factor))
+    return a_damped, g_damped
+
+
+def damped_trace(layer_spec, factors, damping, split="uniform"):
+    """`tr((c·A + π√λI) ⊗ (c·G + √λ/π·I))`, the Kronecker product formed."""
+    a_damped, g_damped = damped_factors(layer_spec, factors, damping, split)
     return float(np.trace(np.kron(a_damped, g_damped)))
+
+
+def layer_inverses(layer_spec, factors, damping, split_dim, split):
+    """`{"A_inv", "G_inv"}` of one layer with the damping `split`."""
+    if split == "uniform":
+        return reference.layer_inverses(layer_spec, factors, damping, split_dim)
+    a_damped, g_damped = damped_factors(layer_spec, factors, damping, split)
+    g_inv = reference.block_inverse(g_damped, split_dim)
+    if layer_spec["type"] == "embedding":
+        return {"A_inv": 1.0 / np.diag(a_damped), "G_inv": g_inv}
+    return {
+        "A_inv": reference.block_inverse(a_damped, split_dim),
+        "G_inv": g_inv,
+    }
 
 
 def guard_scale(directions, gradients, learning_rate, kl_clip):
@@ -60,7 +98,8 @@ def guard_scale(directions, gradients, learning_rate, kl_clip):
 
 class OptionsReferenceTHOR(reference.ReferenceTHOR):
     """`ReferenceTHOR` with `factor_decay`, `statistics_frequency`,
-    `statistics_rows`, a sampled Fisher and `kl_clip`.
+    `statistics_rows`, a sampled Fisher, `kl_clip`, `trace_thresholds` and
+    `damping_split`.
 
     `fisher_targets(step, predictions)`, if given, returns the targets
     whose loss gradients give `G` on statistics steps (the sampled Fisher);
@@ -83,9 +122,11 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
         fisher_targets=None,
         statistics_loss=None,
         trace_thresholds=None,
+        damping_split="uniform",
         **hyper,
     ):
         super().__init__(model, loss, **hyper)
+        self.damping_split = damping_split
         self.factor_decay = factor_decay
         self.statistics_period = int(statistics_frequency or self.frequency)
         self.statistics_rows = statistics_rows
@@ -185,7 +226,9 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
         if index in self.stopped:
             return "stopped"
         last = self.last_traces.get(index)
-        trace = damped_trace(self.model[index], factors, damping)
+        trace = damped_trace(
+            self.model[index], factors, damping, self.damping_split
+        )
         change = math.inf if last is None else abs(trace - last) / last
         if change > update:
             self.last_traces[index] = trace
@@ -203,11 +246,12 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
             self.trace_decisions.append((self.iterations, index, decision))
             if decision != "invert":
                 continue
-            self.inverses[index] = reference.layer_inverses(
+            self.inverses[index] = layer_inverses(
                 self.model[index],
                 self.current_factors(index),
                 damping,
                 self.split_dim,
+                self.damping_split,
             )
         self.refresh_steps.append(self.iterations)
 

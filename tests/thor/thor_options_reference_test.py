@@ -327,3 +327,48 @@ def test_every_option_together_follows_the_reference():
     )
     assert min(optimizer.guard_scales) < 0.999
     _assert_follows(recorder.weights[-1:], expected[-1:])
+
+
+@pytest.mark.parametrize(
+    "kind, options, compile_options",
+    [
+        # Split and identity-padded blocks (split_dim=4 on widths 6, 7, 5).
+        ("mlp", {}, None),
+        # π of the averages, and the trace rule's damped trace.
+        (
+            "cnn",
+            {"factor_decay": 0.8, "statistics_frequency": 1},
+            EAGER,
+        ),
+        # The diagonal A of an Embedding, LayerNorm's rule beside it.
+        ("encoder", {"trace_thresholds": (0.05, 0.0)}, EAGER),
+    ],
+    ids=["mlp", "cnn-averaged", "encoder-trace-rule"],
+)
+def test_pi_damping_split_follows_the_reference(kind, options, compile_options):
+    recorder, expected, optimizer, model = _fit_and_reference(
+        kind,
+        "ce",
+        compile_options=compile_options,
+        frequency=4,
+        damping_split="pi",
+        **options,
+        **HYPER,
+    )
+    _assert_follows(recorder.weights, expected)
+    assert model.optimizer.damping_split == "pi"
+    # π is far from 1 here: the uniform split gives other weights.
+    specs = _data(kind, "ce")[0]
+    uniform, _ = options_reference.run_options_reference(
+        specs,
+        recorder.start,
+        recorder.batches,
+        CE,
+        frequency=4,
+        **options,
+        **HYPER,
+    )
+    error = keras_models.relative_error(
+        recorder.weights[-1], keras_models.flat(uniform[-1])
+    )
+    assert error > 1e-3

@@ -363,6 +363,7 @@ def _all_options_model(run_eagerly=False):
             kl_clip=1e-3,
             precondition_biases="all",
             trace_thresholds=(0.05, 0.001),
+            damping_split="pi",
         ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
@@ -415,6 +416,7 @@ def test_keras_file_with_every_option_resumes_as_uninterrupted(
     assert (restored.statistics_rows, restored.fisher) == (12, "sampled")
     assert (restored.kl_clip, restored.precondition_biases) == (1e-3, "all")
     assert restored.trace_thresholds == (0.05, 0.001)
+    assert restored.damping_split == "pi"
     names = [v.name for v in restored.variables]
     assert names == [v.name for v in thor.variables]
     assert names[-16:] == [

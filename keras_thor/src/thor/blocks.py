@@ -6,7 +6,8 @@ statistics from a recorded call (inputs and per-sample output gradients),
 how its kernel reads as the matrices the factors act on, and its
 preconditioning, in the direct order `A⁻¹ · g · G⁻¹` and (Dense) the
 factored order `(A⁻¹Xᵀ)(D·G⁻¹)`. Damping and inversion are shared
-(`factor_inverses`); the schedule and the state live in `THOR`.
+(`damping_split`, `factor_inverses`); the schedule and the state live in
+the `CurvatureEstimator`.
 
 Notation:
     - `X`: a call's inputs as rows; `D`: the per-sample gradients of the
@@ -27,6 +28,7 @@ from keras_thor.src.thor.conv_statistics import conv_factor_scale
 from keras_thor.src.thor.conv_statistics import grouped_conv_statistics
 from keras_thor.src.thor.conv_statistics import grouped_kernel_matrices
 from keras_thor.src.thor.conv_statistics import kernel_from_grouped_matrices
+from keras_thor.src.thor.damping_split import split_pi
 from keras_thor.src.thor.factor_inverses import block_factor_inverses
 from keras_thor.src.thor.factor_inverses import factor_inverses
 from keras_thor.src.thor.preconditioning import diagonal_kronecker_precondition
@@ -87,7 +89,22 @@ class KroneckerBlock:
         """The inverse of `to_matrices`."""
         return ops.reshape(matrices, self.kernel.shape)
 
-    def inverses(self, statistics, damping, split_dim, a_inverse, g_inverse):
+    def pi(self, a, g, damping_split):
+        """`π` of the factors `a`, `g` this block inverts (`damping_split`):
+        whole `(groups, d, d)` factors or their diagonal blocks."""
+        return split_pi(
+            damping_split, a, g, self.groups, self.a_dim, self.g_dim
+        )
+
+    def inverses(
+        self,
+        statistics,
+        damping,
+        split_dim,
+        a_inverse,
+        g_inverse,
+        damping_split="uniform",
+    ):
         """`(A⁻¹, G⁻¹, trouble)` from averaged `(A, G, c)`; the current
         inverses are kept where the new ones are not usable."""
         a, g, factor_scale = statistics
@@ -100,6 +117,7 @@ class KroneckerBlock:
             split_dim,
             a_inverse,
             g_inverse,
+            pi=self.pi(a, g, damping_split),
         )
 
     def factor_blocks(self, statistics, split_dim):
@@ -113,7 +131,13 @@ class KroneckerBlock:
         return a, diagonal_blocks(factor_scale * g, split_dim)
 
     def inverses_of_blocks(
-        self, a_blocks, g_blocks, damping, a_inverse, g_inverse
+        self,
+        a_blocks,
+        g_blocks,
+        damping,
+        a_inverse,
+        g_inverse,
+        damping_split="uniform",
     ):
         """`(A⁻¹, G⁻¹, trouble)` from stored `factor_blocks`."""
         return block_factor_inverses(
@@ -123,6 +147,7 @@ class KroneckerBlock:
             damping,
             a_inverse,
             g_inverse,
+            pi=self.pi(a_blocks, g_blocks, damping_split),
         )
 
     def precondition(self, gradient, a_inverse, g_inverse, damping, batch_size):

@@ -8,14 +8,15 @@ preconditions with the stored inverses:
 gather:      A = Σ XᵀX / rows,  G = Σ DᵀD / rows   (global batch)
 refresh:     W ← α·W + 1,  A ← A + (A_new − A) / W   (with factor_decay)
              refresh_i = trace_decision(tr_i, ...)   (with trace_thresholds)
-             A⁻¹ = blocks of (c·A + √λ·I)⁻¹,  G⁻¹ = blocks of (c·G + √λ·I)⁻¹
+             A⁻¹ = blocks of (c·A + π√λ·I)⁻¹,  G⁻¹ = blocks of (c·G + √λ/π·I)⁻¹
 precondition: d = A⁻¹ · g · G⁻¹    (factored order: (A⁻¹Xᵀ) · (D·G⁻¹))
 ```
 
 Notation:
     - `X`, `D`: a layer's inputs and per-sample output gradients as rows;
       `c`: the block's factor scale (`√T` for a convolution, else 1).
-    - `α`: `factor_decay`; `W`: the averages' weight; `λ`: the damping.
+    - `α`: `factor_decay`; `W`: the averages' weight; `λ`: the damping;
+      `π`: 1, or the π correction with `damping_split="pi"`.
     - `tr_i`: block `i`'s damped Kronecker trace (`trace_rule`).
 
 Its variables are THOR's: created through THOR's `add_variable`, in the
@@ -351,7 +352,13 @@ class CurvatureEstimator:
                 continue
             a, g, seen = self._current_factors(index, statistics)
             trace = damped_kronecker_trace(
-                a, g, block.groups, block.a_dim, block.g_dim, damping
+                a,
+                g,
+                block.groups,
+                block.a_dim,
+                block.g_dim,
+                damping,
+                self.options.damping_split,
             )
             refresh[index], stopped[position] = trace_decision(
                 trace,
@@ -402,6 +409,7 @@ class CurvatureEstimator:
                 self.options.split_dim,
                 state.a_inverse,
                 state.g_inverse,
+                self.options.damping_split,
             )
         a_inverse, g_inverse, trouble = block.inverses_of_blocks(
             state.a_factor,
@@ -409,6 +417,7 @@ class CurvatureEstimator:
             damping,
             state.a_inverse,
             state.g_inverse,
+            self.options.damping_split,
         )
         # No accepted statistics yet: keep the starting inverses.
         seen = state.factor_weight > 0

@@ -4,6 +4,7 @@ from keras import ops
 
 from keras_thor.src.thor.block_inverse import damped_block_inverse
 from keras_thor.src.thor.block_inverse import damped_inverse_of_blocks
+from keras_thor.src.thor.damping_split import per_matrix
 from keras_thor.src.utils.finite import all_finite
 
 
@@ -16,21 +17,23 @@ def factor_inverses(
     split_dim,
     previous_a_inverse,
     previous_g_inverse,
+    pi=1.0,
 ):
     """The damped inverses of one layer's factors, robustly.
 
     Returns `(a_inverse, g_inverse, trouble)`:
 
     ```
-    a_inverse = blocks of (c·A_j + √λ·I)⁻¹    (or 1 / (a + √λ) for diagonal a)
-    g_inverse = blocks of (c·G_j + √λ·I)⁻¹
+    a_inverse = blocks of (c·A_j + π_j√λ·I)⁻¹  (1 / (a + π√λ) for diagonal a)
+    g_inverse = blocks of (c·G_j + (√λ/π_j)·I)⁻¹
     ```
 
     Notation:
         - `A_j`, `G_j`: the factors of group `j`, stacked `(groups, d, d)`
           (one group except for grouped and depthwise convolutions).
         - `c`: `factor_scale` (`√T` for convolutions, else 1); `λ`: the
-          damping.
+          damping; `π_j`: `pi`, a scalar or one per group (1: MindSpore's
+          split, see `damping_split`).
 
     A block that fails its Cholesky factorization is inverted with more
     damping; if the factors are not finite (or even the fallback fails)
@@ -38,13 +41,14 @@ def factor_inverses(
     """
     root = ops.sqrt(damping)
     if a_is_diagonal:
-        a_inverse, a_fell_back = 1.0 / (a + root), ops.convert_to_tensor(False)
+        a_inverse = 1.0 / (a + root * pi)
+        a_fell_back = ops.convert_to_tensor(False)
     else:
         a_inverse, a_fell_back = damped_block_inverse(
-            factor_scale * a, root, split_dim
+            factor_scale * a, per_matrix(root * pi, a.shape[0]), split_dim
         )
     g_inverse, g_fell_back = damped_block_inverse(
-        factor_scale * g, root, split_dim
+        factor_scale * g, per_matrix(root / pi, g.shape[0]), split_dim
     )
     return _kept_if_unusable(
         [a, g],
@@ -61,21 +65,26 @@ def block_factor_inverses(
     damping,
     previous_a_inverse,
     previous_g_inverse,
+    pi=1.0,
 ):
     """`factor_inverses` of factors kept as their (scaled) diagonal blocks.
 
     `a_blocks`, `g_blocks` are `c·A_j`, `c·G_j` cut as the inverses are
     (`(groups·n, s, s)`; a vector for a diagonal `A`), e.g. moving averages
-    of them (`THOR(factor_decay=...)`). Returns
-    `(a_inverse, g_inverse, trouble)` with the same fallbacks.
+    of them (`THOR(factor_decay=...)`); `pi` as for `factor_inverses`.
+    Returns `(a_inverse, g_inverse, trouble)` with the same fallbacks.
     """
     root = ops.sqrt(damping)
     if a_is_diagonal:
-        a_inverse = 1.0 / (a_blocks + root)
+        a_inverse = 1.0 / (a_blocks + root * pi)
         a_fell_back = ops.convert_to_tensor(False)
     else:
-        a_inverse, a_fell_back = damped_inverse_of_blocks(a_blocks, root)
-    g_inverse, g_fell_back = damped_inverse_of_blocks(g_blocks, root)
+        a_inverse, a_fell_back = damped_inverse_of_blocks(
+            a_blocks, per_matrix(root * pi, a_blocks.shape[0])
+        )
+    g_inverse, g_fell_back = damped_inverse_of_blocks(
+        g_blocks, per_matrix(root / pi, g_blocks.shape[0])
+    )
     return _kept_if_unusable(
         [a_blocks, g_blocks],
         (a_inverse, g_inverse),

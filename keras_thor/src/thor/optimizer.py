@@ -48,9 +48,10 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
     every `frequency` steps (t = 0, f, 2f, ...), per layer (with
     trace_thresholds, only if its trace has changed by more than ω₁ since
     its last inversion, and never once the rule has stopped it):
-        A⁻¹ = blocks of (c·A + √λ_t·I)⁻¹,  G⁻¹ = blocks of (c·G + √λ_t·I)⁻¹
+        A⁻¹ = blocks of (c·A + π√λ_t·I)⁻¹,
+        G⁻¹ = blocks of (c·G + √λ_t/π·I)⁻¹
     d = A⁻¹ · g · G⁻¹                  (LayerNorm: g / (g²/N + √λ_t))
-    d_b = g_b · G_b⁻¹ / (1 + √λ_t)     (biases, with precondition_biases)
+    d_b = g_b · G_b⁻¹ / (1 + π√λ_t)    (biases, with precondition_biases)
     d = ν · d                          (kernels with curvature)
     d = d + weight_decay · w           where decay_filter(w)
     d = d · min(1, 1 / ‖d‖)            if enable_clip_grad
@@ -65,8 +66,10 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
           per-sample output-gradient second moments over the batch (all
           replicas' batches under tf.distribute); Embedding uses the
           diagonal of token counts, convolutions im2col patches.
-        - `c`: `√T` for a convolution with `T` output positions, else 1.
-        - `G_b⁻¹`: blocks of `(G_b + √λ_t·I)⁻¹`, `G_b = SᵀS / N` with `S`
+        - `c`: `√T` for a convolution with `T` output positions, else 1;
+          `π`: 1 (MindSpore), or with `damping_split="pi"` K-FAC's
+          `sqrt((tr A / d_A) / (tr G / d_G))`.
+        - `G_b⁻¹`: blocks of `(G_b + √λ_t/π·I)⁻¹`, `G_b = SᵀS / N` with `S`
           the per-example bias gradients (output gradients `D` summed
           over the positions the bias is shared by).
         - `λ_t`, `lr_t`: the damping and learning rate of step `t`;
@@ -147,6 +150,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         frequency=100,
         split_dim=128,
         spread_inverses=SPREAD_INVERSES_DEFAULT,
+        damping_split="uniform",
         factor_decay=None,
         statistics_frequency=None,
         statistics_rows=None,
@@ -189,6 +193,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             split_dim=split_dim,
             split_indices=split_indices,
             spread_inverses=spread_inverses,
+            damping_split=damping_split,
             factor_decay=factor_decay,
             statistics_frequency=statistics_frequency,
             statistics_rows=statistics_rows,

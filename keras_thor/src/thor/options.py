@@ -8,6 +8,7 @@ beyond it (docs/thor.md, "Curvature options").
 
 import dataclasses
 
+from keras_thor.src.thor.damping_split import DAMPING_SPLITS
 from keras_thor.src.utils import validation
 
 FISHER_KINDS = ("empirical", "sampled")
@@ -23,6 +24,12 @@ CURVATURE_OPTION_ARGS = """split_indices: Sorted layer indices after which the
             steps. Defaults to `100`.
         split_dim: Integer > 0: the block size of the block-diagonal
             inverses. Defaults to `128`.
+        damping_split: `"uniform"` (MindSpore: `√λ` added to both
+            factors) or `"pi"` (Martens & Grosse's π correction, the K-FAC
+            peers' default: `π·√λ` to `A`, `√λ/π` to `G`, with
+            `π = sqrt((tr A / d_A) / (tr G / d_G))` of the factors being
+            inverted, per group; see `keras_thor.src.thor.damping_split`).
+            Defaults to `"uniform"`.
         factor_decay: `None` (MindSpore: each refresh overwrites the
             factors with one batch's) or a float `α` in [0, 1): the factors
             are moving averages over the statistics steps, the first one
@@ -216,6 +223,7 @@ class CurvatureOptions:
     frequency: int = 100
     split_dim: int = 128
     spread_inverses: bool = SPREAD_INVERSES_DEFAULT
+    damping_split: str = "uniform"
     factor_decay: float = None
     statistics_frequency: int = None
     statistics_rows: int = None
@@ -248,6 +256,9 @@ class CurvatureOptions:
                 "statistics_rows", self.statistics_rows, 1
             )
         validation.check_one_of("fisher", self.fisher, FISHER_KINDS)
+        validation.check_one_of(
+            "damping_split", self.damping_split, DAMPING_SPLITS
+        )
         checked["kl_clip"] = _checked_kl_clip(self.kl_clip)
         for name, value in checked.items():
             object.__setattr__(self, name, value)

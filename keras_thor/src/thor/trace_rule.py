@@ -6,8 +6,8 @@ trace at its last inversion and whether the layer has stopped. At each
 refresh step, per layer (Chen et al., 2021, section "Trace-based"):
 
 ```
-F = ⊕_j (c·A_j + √λ·I) ⊗ (c·G_j + √λ·I)
-tr F = Σ_j (c·tr A_j + a·√λ) · (c·tr G_j + g·√λ)
+F = ⊕_j (c·A_j + π_j√λ·I) ⊗ (c·G_j + (√λ/π_j)·I)
+tr F = Σ_j (c·tr A_j + a·π_j√λ) · (c·tr G_j + g·√λ/π_j)
 Δ = |tr F − tr F_last| / tr F_last
 Δ > ω₁:        invert F, F_last ← F
 ω₂ ≤ Δ ≤ ω₁:   keep the inverses of F_last
@@ -17,42 +17,34 @@ tr F = Σ_j (c·tr A_j + a·√λ) · (c·tr G_j + g·√λ)
 Notation:
     - `A_j`, `G_j`: the factors of group `j` (the averaged ones with
       `factor_decay`); `a`, `g`: their sizes; `c`: the factor scale
-      (`√T` for a convolution), `λ`: the damping.
+      (`√T` for a convolution), `λ`: the damping; `π_j`: the damping
+      split's correction (`damping_split`; 1 for MindSpore's).
     - `F_last`: the damped factors the stored inverses were made from.
     - `ω₁`, `ω₂`: `trace_thresholds`.
 """
 
-import math
-
 from keras import ops
 
-
-def _group_traces(blocks, groups, dim):
-    """`tr` of each group's factor from its diagonal blocks.
-
-    `blocks` is `(groups·n, s, s)` as `block_inverse.diagonal_blocks` cuts
-    it (the last block of a group padded with identity, taken back out
-    here), or a vector for a diagonal factor (one group).
-    """
-    if len(blocks.shape) == 1:
-        return ops.sum(blocks, keepdims=True)
-    diagonals = ops.diagonal(blocks, axis1=-2, axis2=-1)
-    sums = ops.sum(ops.reshape(diagonals, (groups, -1)), axis=1)
-    padding = math.prod(blocks.shape) // (groups * blocks.shape[-1]) - dim
-    return sums - float(padding)
+from keras_thor.src.thor.damping_split import group_traces
+from keras_thor.src.thor.damping_split import split_pi
 
 
-def damped_kronecker_trace(a_blocks, g_blocks, groups, a_dim, g_dim, damping):
-    """`tr F = Σ_j (tr(c·A_j) + a·√λ) · (tr(c·G_j) + g·√λ)`.
+def damped_kronecker_trace(
+    a_blocks, g_blocks, groups, a_dim, g_dim, damping, damping_split="uniform"
+):
+    """`tr F = Σ_j (tr(c·A_j) + a·π_j√λ) · (tr(c·G_j) + g·√λ/π_j)`.
 
     `a_blocks`, `g_blocks` are the scaled factors `c·A_j`, `c·G_j` cut into
     diagonal blocks (`KroneckerBlock.factor_blocks`; a diagonal `A` is a
-    vector).
+    vector); `π_j` follows `damping_split` (1 for "uniform").
     """
     root = ops.sqrt(ops.cast(damping, "float32"))
-    a_traces = _group_traces(ops.cast(a_blocks, "float32"), groups, a_dim)
-    g_traces = _group_traces(ops.cast(g_blocks, "float32"), groups, g_dim)
-    return ops.sum((a_traces + a_dim * root) * (g_traces + g_dim * root))
+    a_traces = group_traces(a_blocks, groups, a_dim)
+    g_traces = group_traces(g_blocks, groups, g_dim)
+    pi = split_pi(damping_split, a_blocks, g_blocks, groups, a_dim, g_dim)
+    return ops.sum(
+        (a_traces + a_dim * root * pi) * (g_traces + g_dim * root / pi)
+    )
 
 
 def trace_decision(trace, last_trace, stopped, usable, thresholds):
