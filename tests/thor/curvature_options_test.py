@@ -384,6 +384,54 @@ def test_sampled_targets_are_deterministic_in_the_seed(kind):
         assert draw[0].shape == (150, 4)
 
 
+def _finite_rows_of_gradient(kind, from_logits, targets, y_pred):
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        tape.watch(y_pred)
+        loss = sampled_fisher.sampled_loss(
+            KINDS[kind], from_logits, targets, y_pred
+        )
+    return np.isfinite(tape.gradient(loss, y_pred).numpy()).all(axis=-1)
+
+
+@tf_only
+@pytest.mark.parametrize("kind", ["sparse", "categorical", "binary", "squared"])
+@pytest.mark.parametrize("from_logits", [True, False])
+def test_sampled_targets_of_non_finite_predictions_are_valid(kind, from_logits):
+    """Rows with a NaN or an infinity get a valid target (a class in
+    `[0, classes)`), and the sampled loss's gradient is non-finite in the
+    rows where the loss at the data's labels has one: the statistics count
+    a trouble as the empirical Fisher's do."""
+    import tensorflow as tf
+
+    nan, inf = np.nan, np.inf
+    bad = [[nan] * 4, [nan, 0, 1, 2], [inf, 0, 1, 2], [inf, -inf, 1, 2]]
+    bad += [[-inf] * 4, [inf] * 4]
+    good, _ = _case(kind, from_logits)
+    rows = np.concatenate([np.array(bad), good])
+    y_pred = tf.constant(np.tile(rows, (20, 1)), "float32")
+    targets = sampled_fisher.sampled_targets(
+        KINDS[kind], from_logits, y_pred, tf.constant([3, 0], "int64")
+    )
+    drawn = np.asarray(targets)
+    if kind == "sparse":
+        assert drawn.dtype == np.int32
+        assert ((drawn >= 0) & (drawn < 4)).all(), drawn
+    elif kind in ("categorical", "binary"):
+        assert set(np.unique(drawn)) <= {0.0, 1.0}
+    if kind == "categorical":
+        np.testing.assert_array_equal(drawn.sum(axis=-1), 1.0)
+    # The data's labels: class 0, or zeros.
+    labels = tf.zeros_like(targets)
+    finite = _finite_rows_of_gradient(kind, from_logits, targets, y_pred)
+    np.testing.assert_array_equal(
+        finite,
+        _finite_rows_of_gradient(kind, from_logits, labels, y_pred),
+    )
+    assert finite[len(bad) : len(rows)].all()
+
+
 # Argument checks.
 
 GOOD = dict(learning_rate=0.1, damping=0.03, momentum=0.9, frequency=4)

@@ -5,6 +5,8 @@
 documentation and independent of keras_thor:
 
 ```
+burn-in: the first `burn_in_steps` batches only gather statistics (the
+    weights, momenta and t stay; their factors enter the averages)
 statistics steps: t = 0, k, 2k, ...   (k = statistics_frequency or frequency)
     A_t, G_t from the first `statistics_rows` examples of the batch
     (per sample: D = N · dL/dz, N the whole batch), at targets drawn by
@@ -98,8 +100,8 @@ def guard_scale(directions, gradients, learning_rate, kl_clip):
 
 class OptionsReferenceTHOR(reference.ReferenceTHOR):
     """`ReferenceTHOR` with `factor_decay`, `statistics_frequency`,
-    `statistics_rows`, a sampled Fisher, `kl_clip`, `trace_thresholds` and
-    `damping_split`.
+    `statistics_rows`, a sampled Fisher, `kl_clip`, `trace_thresholds`,
+    `damping_split` and `burn_in_steps`.
 
     `fisher_targets(step, predictions)`, if given, returns the targets
     whose loss gradients give `G` on statistics steps (the sampled Fisher);
@@ -123,10 +125,13 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
         statistics_loss=None,
         trace_thresholds=None,
         damping_split="uniform",
+        burn_in_steps=0,
         **hyper,
     ):
         super().__init__(model, loss, **hyper)
         self.damping_split = damping_split
+        self.burn_in_steps = burn_in_steps
+        self.burned_in = 0
         self.factor_decay = factor_decay
         self.statistics_period = int(statistics_frequency or self.frequency)
         self.statistics_rows = statistics_rows
@@ -151,6 +156,10 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
         _, grads, captures = reference.forward_backward(
             self.model, weights, x, y, self.loss, sample_weight, self.loss_scale
         )
+        if self.burned_in < self.burn_in_steps:
+            self._gather(weights, x, captures)
+            self.burned_in += 1
+            return weights
         if step % self.statistics_period == 0:
             self._gather(weights, x, captures)
         if step % self.frequency == 0:
@@ -191,7 +200,9 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
         examples = np.shape(x)[0]
         if self.fisher_targets is not None:
             predictions = reference.predict(self.model, weights, x)
-            targets = self.fisher_targets(self.iterations, predictions)
+            targets = self.fisher_targets(
+                self.iterations + self.burned_in, predictions
+            )
             _, _, captures = reference.forward_backward(
                 self.model, weights, x, targets, self.statistics_loss
             )

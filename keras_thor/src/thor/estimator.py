@@ -36,8 +36,7 @@ from keras_thor.src.thor.block_state import added_inverses
 from keras_thor.src.thor.factor_averaging import average_weight
 from keras_thor.src.thor.factor_averaging import averaged_factor
 from keras_thor.src.thor.inverse_placement import spread_over_replicas
-from keras_thor.src.thor.trace_rule import damped_kronecker_trace
-from keras_thor.src.thor.trace_rule import trace_decision
+from keras_thor.src.thor.trace_rule import block_decision
 from keras_thor.src.utils.finite import all_finite
 
 
@@ -53,7 +52,8 @@ class CurvatureEstimator:
     per block `a_inverse`, `g_inverse` (identities); `curvature_troubles`;
     with `factor_decay` per block `a_factor`, `g_factor`, `factor_weight`;
     with `kl_clip` `guard_scale`; with `trace_thresholds` `last_traces`,
-    `stopped_blocks` (one entry per block) and `skipped_inversions`.
+    `stopped_blocks` (one entry per block) and `skipped_inversions`; with
+    `burn_in_steps` `burn_in_steps_done`.
 
     Args:
         options: The `CurvatureOptions`.
@@ -119,6 +119,10 @@ class CurvatureEstimator:
             self._skipped = add_variable(
                 (), "zeros", "int32", name="skipped_inversions"
             )
+        if options.burn_in_steps:
+            self._burned_in = add_variable(
+                (), "zeros", "int32", name="burn_in_steps_done"
+            )
 
     @property
     def blocks(self):
@@ -178,6 +182,17 @@ class CurvatureEstimator:
         if self.options.trace_thresholds is None:
             return 0
         return int(numpy_value(self._skipped))
+
+    def steps_burned_in(self):
+        """The burn-in steps run so far, an int32 tensor (0 without
+        `burn_in_steps`)."""
+        if not self.options.burn_in_steps:
+            return ops.convert_to_tensor(0, "int32")
+        return ops.convert_to_tensor(self._burned_in)
+
+    def record_burn_in(self):
+        """Counts one burn-in step."""
+        self._assign_add(self._burned_in, 1)
 
     def training_logs(self):
         """The troubles so far; the last guard scale (`kl_clip`); the
@@ -337,7 +352,7 @@ class CurvatureEstimator:
 
     def _apply_trace_rule(self, statistics, accepted, damping):
         """`{index: refresh}` of the blocks in `statistics` by the trace
-        rule (`trace_rule.trace_decision`); updates the last traces, the
+        rule (`trace_rule.block_decision`); updates the last traces, the
         stopped blocks and the count of skipped inversions.
 
         `accepted` tells, with `factor_decay`, whether a block's averages
@@ -351,25 +366,22 @@ class CurvatureEstimator:
             if index not in statistics:
                 continue
             a, g, seen = self._current_factors(index, statistics)
-            trace = damped_kronecker_trace(
-                a,
-                g,
-                block.groups,
-                block.a_dim,
-                block.g_dim,
-                damping,
-                self.options.damping_split,
-            )
-            refresh[index], stopped[position] = trace_decision(
-                trace,
+            last = (
                 last_traces[position],
                 stopped[position],
-                ops.logical_and(seen, accepted.get(index, True)),
                 self.options.trace_thresholds,
             )
-            taken = ops.logical_and(refresh[index], ops.isfinite(trace))
-            last_traces[position] = ops.where(
-                ops.logical_and(taken, seen), trace, last_traces[position]
+            refresh[index], stopped[position], last_traces[position] = (
+                block_decision(
+                    block,
+                    a,
+                    g,
+                    damping,
+                    self.options.damping_split,
+                    last,
+                    seen,
+                    accepted.get(index, True),
+                )
             )
         self._assign(self._last_traces, ops.stack(last_traces))
         self._assign(self._stopped, ops.cast(ops.stack(stopped), "int32"))

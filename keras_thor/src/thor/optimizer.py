@@ -153,6 +153,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         damping_split="uniform",
         factor_decay=None,
         statistics_frequency=None,
+        burn_in_steps=0,
         statistics_rows=None,
         fisher="empirical",
         kl_clip=None,
@@ -196,6 +197,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             damping_split=damping_split,
             factor_decay=factor_decay,
             statistics_frequency=statistics_frequency,
+            burn_in_steps=burn_in_steps,
             statistics_rows=statistics_rows,
             fisher=fisher,
             kl_clip=kl_clip,
@@ -348,10 +350,14 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
 
     @property
     def refresh_schedule(self):
-        """The `RefreshSchedule`: which steps gather statistics and which
-        refresh the inverses, and how far the per-step arrays reach."""
+        """The `RefreshSchedule`: which steps burn in, which gather
+        statistics and which refresh the inverses, and how far the per-step
+        arrays reach."""
         return RefreshSchedule(
-            self.frequency, self.statistics_period, self._per_step_arrays()
+            self.frequency,
+            self.statistics_period,
+            self._per_step_arrays(),
+            self.burn_in_steps,
         )
 
     def _per_step_arrays(self):

@@ -39,6 +39,11 @@ CURVATURE_OPTION_ARGS = """split_indices: Sorted layer indices after which the
             an integer >= 1 dividing `frequency`: gather statistics every
             `statistics_frequency` steps and invert every `frequency`
             (kfac-jax: 1 and 5). Needs `factor_decay`. Defaults to `None`.
+        burn_in_steps: Integer >= 0: the first `burn_in_steps` training
+            steps only gather statistics into the factor averages (no
+            weight, momentum or `iterations` moves; kfac-jax's
+            `num_burnin_steps`, 10 by default there). Needs `factor_decay`.
+            Defaults to `0`.
         statistics_rows: `None` (the whole batch) or an integer >= 1: the
             statistics use only the first `statistics_rows` examples of
             each replica's batch. Defaults to `None`.
@@ -194,6 +199,17 @@ def _checked_statistics_frequency(statistics_frequency, frequency, decay):
     return statistics_frequency
 
 
+def _checked_burn_in_steps(burn_in_steps, decay):
+    burn_in_steps = validation.check_int("burn_in_steps", burn_in_steps, 0)
+    if burn_in_steps and decay is None:
+        raise ValueError(
+            "Burn-in statistics only count when they are averaged: set "
+            "`factor_decay` (e.g. 0.95) with `burn_in_steps`. Received: "
+            f"burn_in_steps={burn_in_steps}, factor_decay=None"
+        )
+    return burn_in_steps
+
+
 def _checked_kl_clip(kl_clip):
     if kl_clip is None:
         return None
@@ -226,6 +242,7 @@ class CurvatureOptions:
     damping_split: str = "uniform"
     factor_decay: float = None
     statistics_frequency: int = None
+    burn_in_steps: int = 0
     statistics_rows: int = None
     fisher: str = "empirical"
     kl_clip: float = None
@@ -250,6 +267,9 @@ class CurvatureOptions:
             self.statistics_frequency,
             checked["frequency"],
             checked["factor_decay"],
+        )
+        checked["burn_in_steps"] = _checked_burn_in_steps(
+            self.burn_in_steps, checked["factor_decay"]
         )
         if self.statistics_rows is not None:
             checked["statistics_rows"] = validation.check_int(

@@ -86,7 +86,11 @@ def fisher_loss_kind(loss):
 def sampled_targets(kind, from_logits, y_pred, seed):
     """Targets drawn from the predictive distribution of `y_pred`.
 
-    `seed` is a stateless seed, an int tensor of shape `(2,)`.
+    `seed` is a stateless seed, an int tensor of shape `(2,)`. A row of
+    `y_pred` with a NaN or an infinity still gets a class in `[0, classes)`
+    (the categorical draw can return `classes` there); its gradients stay
+    as non-finite as at the data's labels, so the statistics count a
+    curvature trouble.
     """
     y_pred = ops.stop_gradient(ops.cast(y_pred, "float32"))
     if kind in (_SPARSE, _CATEGORICAL):
@@ -95,6 +99,7 @@ def sampled_targets(kind, from_logits, y_pred, seed):
         drawn = stateless_random.categorical(
             ops.reshape(logits, (-1, classes)), seed
         )
+        drawn = ops.clip(drawn, 0, classes - 1)
         labels = ops.reshape(drawn, ops.shape(y_pred)[:-1])
         if kind == _SPARSE:
             return labels

@@ -71,3 +71,30 @@ def trace_decision(trace, last_trace, stopped, usable, thresholds):
         change < stop_threshold,
     )
     return refresh, ops.logical_or(stopped, settled)
+
+
+def block_decision(
+    block, a_blocks, g_blocks, damping, damping_split, last, seen, accepted
+):
+    """`(refresh, stop, last_trace)` of one block at a refresh step.
+
+    `last` is `(tr F_last, stopped, thresholds)`; `seen` whether the
+    factors hold any statistics yet, `accepted` whether this step's were
+    taken (with `factor_decay`). The new `tr F_last` is the trace of an
+    inversion that happens.
+    """
+    last_trace, stopped, thresholds = last
+    trace = damped_kronecker_trace(
+        a_blocks,
+        g_blocks,
+        block.groups,
+        block.a_dim,
+        block.g_dim,
+        damping,
+        damping_split,
+    )
+    refresh, stop = trace_decision(
+        trace, last_trace, stopped, ops.logical_and(seen, accepted), thresholds
+    )
+    taken = ops.logical_and(ops.logical_and(refresh, seen), ops.isfinite(trace))
+    return refresh, stop, ops.where(taken, trace, last_trace)

@@ -12,6 +12,7 @@ from keras_thor.src.distribute.variant_train_function import (
 from keras_thor.src.thor.training import thor_optimizer_of
 from keras_thor.src.thor.training import train_step
 
+BURN_IN = "burn_in"
 REFRESH = "refresh"
 STATISTICS = "statistics"
 PLAIN = "plain"
@@ -21,11 +22,13 @@ class ThorTrainFunction(VariantTrainFunction):
     """`model.train_function` for THOR: refresh, statistics-only and plain
     steps, apart.
 
-    The variants are `"refresh"` (statistics, then inverses), `"statistics"`
-    (statistics only, with `statistics_frequency`) and `"plain"`, from
-    `THOR.refresh_schedule` at the optimizer's `iterations`. A refresh or
-    statistics step runs alone, the plain steps between them as one
-    compiled loop. With one step per execution each call is one traced
+    The variants are `"burn_in"` (statistics into the averages, no update;
+    with `burn_in_steps`), `"refresh"` (statistics, then inverses),
+    `"statistics"` (statistics only, with `statistics_frequency`) and
+    `"plain"`, from `THOR.refresh_schedule` at the training step (the
+    optimizer's `iterations` plus the burn-in steps done). A burn-in,
+    refresh or statistics step runs alone, the plain steps between them as
+    one compiled loop. With one step per execution each call is one traced
     function that fetches its batch itself, as Keras's own; the step count
     is read back whenever a `LossScaleOptimizer` may skip steps.
     """
@@ -41,7 +44,9 @@ class ThorTrainFunction(VariantTrainFunction):
         return thor_optimizer_of(self.model.optimizer)
 
     def read_step(self):
-        return int(numpy_value(self._thor.iterations))
+        thor = self._thor
+        burned_in = thor.estimator.steps_burned_in() if thor.built else 0
+        return int(numpy_value(thor.iterations)) + int(numpy_value(burned_in))
 
     def recounts(self):
         return isinstance(
@@ -50,6 +55,8 @@ class ThorTrainFunction(VariantTrainFunction):
 
     def variant_at(self, step):
         schedule = self._thor.refresh_schedule
+        if schedule.burns_in_at(step):
+            return BURN_IN
         if schedule.refreshes_at(step):
             return REFRESH
         if schedule.gathers_statistics_at(step):
@@ -60,7 +67,8 @@ class ThorTrainFunction(VariantTrainFunction):
         model = self.model
         statistics = key != PLAIN
         invert = key == REFRESH
-        return lambda data: train_step(model, data, statistics, invert)
+        update = key != BURN_IN
+        return lambda data: train_step(model, data, statistics, invert, update)
 
     def fuses(self, key):
         return key == PLAIN

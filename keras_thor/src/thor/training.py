@@ -99,20 +99,19 @@ def _sampled_fisher_loss(model, thor, y_pred):
     import tensorflow as tf
 
     kind, from_logits = fisher_loss_kind(model.loss)
-    seed = tf.stack(
-        [
-            ops.cast(thor.iterations, "int64"),
-            ops.cast(replicas.replica_id(), "int64"),
-        ]
+    step = ops.cast(thor.iterations, "int64") + ops.cast(
+        thor.estimator.steps_burned_in(), "int64"
     )
+    seed = tf.stack([step, ops.cast(replicas.replica_id(), "int64")])
     targets = sampled_targets(kind, from_logits, y_pred, seed)
     loss = sampled_loss(kind, from_logits, targets, y_pred)
     return model.optimizer.scale_loss(loss / replicas.replica_count())
 
 
-def train_step(model, data, statistics, invert):
+def train_step(model, data, statistics, invert, update=True):
     """One training step; it gathers curvature statistics if `statistics`
-    and then refreshes the inverses if `invert`.
+    and then refreshes the inverses if `invert`; it updates the weights if
+    `update` (else it is a burn-in step, counted by the estimator).
 
     As Keras's TensorFlow `train_step`, plus: layers with curvature blocks
     record their calls, the loss is differentiated with respect to their
@@ -177,12 +176,15 @@ def train_step(model, data, statistics, invert):
                 thor.current_damping(),
                 invert=invert,
             )
-        # After the refresh: the factored products read the new inverses.
-        grads = _add_factored_gradients(
-            thor, variables, grads, calls, factored, output_grads
-        )
-        if plan.guarded_kernels:
-            grads = guarded_gradients(thor, variables, grads, loss_scale)
-        apply_gradients(model.optimizer, grads, variables)
+        if update:
+            # After the refresh: the factored products read the new inverses.
+            grads = _add_factored_gradients(
+                thor, variables, grads, calls, factored, output_grads
+            )
+            if plan.guarded_kernels:
+                grads = guarded_gradients(thor, variables, grads, loss_scale)
+            apply_gradients(model.optimizer, grads, variables)
+        else:
+            thor.estimator.record_burn_in()
     logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
     return {**logs, **thor.training_logs()}
