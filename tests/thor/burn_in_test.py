@@ -152,3 +152,19 @@ def test_backup_and_restore_during_burn_in_resumes_as_uninterrupted(
         interrupt_at=1,  # after 3 steps: the next one still burns in
     )
     _assert_equals_uninterrupted(resumed, uninterrupted)
+
+
+@tf_only
+def test_fused_burn_in_and_statistics_steps_follow_the_reference():
+    """Steps of one kind run as one loop: burn-in 0-2 then statistics."""
+    recorder, expected, _, _ = _fit_and_reference(
+        "mlp",
+        "ce",
+        frequency=4,
+        factor_decay=0.8,
+        statistics_frequency=1,
+        burn_in_steps=3,
+        compile_options={"steps_per_execution": 6},
+        **HYPER,
+    )
+    _assert_follows(recorder.weights, expected[5::6])

@@ -26,11 +26,13 @@ class ThorTrainFunction(VariantTrainFunction):
     with `burn_in_steps`), `"refresh"` (statistics, then inverses),
     `"statistics"` (statistics only, with `statistics_frequency`) and
     `"plain"`, from `THOR.refresh_schedule` at the training step (the
-    optimizer's `iterations` plus the burn-in steps done). A burn-in,
-    refresh or statistics step runs alone, the plain steps between them as
-    one compiled loop. With one step per execution each call is one traced
-    function that fetches its batch itself, as Keras's own; the step count
-    is read back whenever a `LossScaleOptimizer` may skip steps.
+    optimizer's `iterations` plus the burn-in steps done). A refresh step
+    runs alone; consecutive steps of one other variant (plain, statistics
+    or burn-in steps) run as one compiled loop, with no host read inside.
+    With one step per execution each call is one traced function that
+    fetches its batch itself, as Keras's own; the step count is read back
+    whenever a `LossScaleOptimizer` may skip steps, and the curvature
+    troubles after each refresh step.
     """
 
     fetches_in_step = True
@@ -38,6 +40,7 @@ class ThorTrainFunction(VariantTrainFunction):
     def __init__(self, model):
         super().__init__(model)
         self._warned = False
+        self._troubles_seen = None
 
     @property
     def _thor(self):
@@ -71,7 +74,7 @@ class ThorTrainFunction(VariantTrainFunction):
         return lambda data: train_step(model, data, statistics, invert, update)
 
     def fuses(self, key):
-        return key == PLAIN
+        return key != REFRESH
 
     def steps_covered_from(self, step):
         return self._thor.refresh_schedule.steps_covered_from(step)
@@ -80,13 +83,16 @@ class ThorTrainFunction(VariantTrainFunction):
         self._thor.refresh_schedule.check_covers(steps)
 
     def call_variant(self, key, function, argument):
-        """Runs the step; warns once if a refresh had curvature trouble."""
-        if key == PLAIN:
-            return function(argument)
+        """Runs the step; after a refresh, warns once if it or the
+        statistics since the last one had trouble (the only host read)."""
         thor = self._thor
-        before = thor.curvature_troubles
+        if self._troubles_seen is None:
+            self._troubles_seen = thor.curvature_troubles
         logs = function(argument)
-        troubles = thor.curvature_troubles - before
+        if key != REFRESH:
+            return logs
+        troubles = thor.curvature_troubles - self._troubles_seen
+        self._troubles_seen += troubles
         if troubles and not self._warned:
             warnings.warn(
                 f"THOR could not use the fresh curvature of {troubles} "
