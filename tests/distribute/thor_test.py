@@ -77,7 +77,15 @@ def _fit(model, epochs=2, callbacks=()):
         (2, {"enable_clip_grad": True}),
         (4, {"enable_clip_grad": True, "spread_inverses": False}),
         (2, {"spread_inverses": False}),
-        (2, {"damping_split": "pi", "factor_decay": 0.8, "burn_in_steps": 2}),
+        (
+            2,
+            {
+                "damping_split": "pi",
+                "factor_decay": 0.8,
+                "burn_in_steps": 2,
+                "precondition_biases": "joint",
+            },
+        ),
     ],
 )
 def test_replicas_equal_one_device(replicas, thor_args):

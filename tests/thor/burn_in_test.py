@@ -1,6 +1,7 @@
 """THOR's burn-in (`burn_in_steps`): statistics-only steps before the
 first update. The schedule and the checks on every backend; `model.fit`
-against the NumPy reference, `.keras` files and BackupAndRestore with
+against the NumPy reference, `.keras` files and BackupAndRestore (with
+`damping_split="pi"` and `precondition_biases="joint"` as well) with
 THOR's TensorFlow training step.
 """
 
@@ -89,6 +90,9 @@ def _burn_in_model():
             statistics_frequency=1,
             burn_in_steps=4,
             fisher="sampled",
+            # The other K-FAC-grade options round-trip here too.
+            damping_split="pi",
+            precondition_biases="joint",
         ),
         run_eagerly=True,
     )
@@ -135,6 +139,10 @@ def test_keras_file_saved_during_burn_in_resumes_as_uninterrupted(
     loaded = keras.models.load_model(path)
     restored = loaded.optimizer
     assert restored.burn_in_steps == 4
+    assert (restored.damping_split, restored.precondition_biases) == (
+        "pi",
+        "joint",
+    )
     assert int(restored.estimator.steps_burned_in().numpy()) == 3
     _fit(loaded, epochs=2)
     _assert_equals_uninterrupted(loaded, uninterrupted)

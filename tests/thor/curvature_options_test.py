@@ -465,7 +465,8 @@ BAD_OPTIONS = [
     (
         {"precondition_biases": "some"},
         ValueError,
-        r"must be one of \(None, 'shared', 'all'\).*precondition_biases='some'",
+        r"must be one of \(None, 'shared', 'all', 'joint'\)"
+        r".*precondition_biases='some'",
     ),
     ({"kl_clip": 0}, ValueError, r"`kl_clip` must be > 0 or None"),
     ({"kl_clip": -1e-3}, ValueError, "kl_clip=-0.001"),

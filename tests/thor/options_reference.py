@@ -21,6 +21,9 @@ refresh steps: t = 0, f, 2f, ...: inverses of F (as reference.layer_inverses)
     T_last its value at the layer's last inversion, Δ = |T − T_last| / T_last:
         first inversion or Δ > ω₁: invert; Δ < ω₂: the layer stops for good;
         otherwise keep the inverses
+with joint_biases (precondition_biases="joint"): a Dense or conv2d layer's
+    A is that of its input rows (patches) with a 1 appended, and its kernel
+    and bias directions are [d_W; d_b] = A⁻¹ [g_W; g_b] G⁻¹
 every step: d = A⁻¹ g G⁻¹ for the THOR kernels,
     ν = min(1, sqrt(kl_clip / |lr² · Σ ⟨d, g⟩|))  (1 without kl_clip),
     d ← ν · d, then weight decay, clipping and momentum as MindSpore.
@@ -89,6 +92,37 @@ def layer_inverses(layer_spec, factors, damping, split_dim, split):
     }
 
 
+def _joins(layer_spec):
+    return layer_spec["type"] in ("dense", "conv2d") and layer_spec.get(
+        "use_bias", True
+    )
+
+
+def joint_factors(layer_spec, inputs, output_grad, batch_size_n):
+    """`reference.thor_factors` with a 1 appended to every input row (a
+    Dense layer's inputs, a convolution's im2col patches)."""
+    _, g_factor, scale = reference.thor_factors(
+        layer_spec, inputs, output_grad, batch_size_n
+    )
+    if layer_spec["type"] == "dense":
+        rows = np.asarray(inputs, np.float64).reshape(-1, inputs.shape[-1])
+    else:
+        rows, _ = reference.im2col(inputs, *reference._conv_args(layer_spec))
+    rows = np.concatenate([rows, np.ones((len(rows), 1))], axis=1)
+    return rows.T @ rows / len(rows), g_factor, scale
+
+
+def joint_directions(inverses, kernel_grad, bias_grad):
+    """`(d_W, d_b)` from `[d_W; d_b] = A⁻¹ [g_W; g_b] G⁻¹`."""
+    rows = kernel_grad.reshape(-1, kernel_grad.shape[-1])
+    product = (
+        inverses["A_inv"]
+        @ np.vstack([rows, bias_grad[None]])
+        @ inverses["G_inv"]
+    )
+    return product[:-1].reshape(kernel_grad.shape), product[-1]
+
+
 def guard_scale(directions, gradients, learning_rate, kl_clip):
     """kfac-pytorch's KL clip `ν` over pairs of directions and gradients."""
     inner = sum(float(np.sum(d * g)) for d, g in zip(directions, gradients))
@@ -126,12 +160,14 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
         trace_thresholds=None,
         damping_split="uniform",
         burn_in_steps=0,
+        joint_biases=False,
         **hyper,
     ):
         super().__init__(model, loss, **hyper)
         self.damping_split = damping_split
         self.burn_in_steps = burn_in_steps
         self.burned_in = 0
+        self.joint_biases = joint_biases
         self.factor_decay = factor_decay
         self.statistics_period = int(statistics_frequency or self.frequency)
         self.statistics_rows = statistics_rows
@@ -208,7 +244,8 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
             )
         rows = self.statistics_rows or examples
         for index, capture in captures.items():
-            factors = reference.thor_factors(
+            joint = self.joint_biases and _joins(self.model[index])
+            factors = (joint_factors if joint else reference.thor_factors)(
                 self.model[index],
                 capture["inputs"][:rows],
                 capture["output_grad"][:rows],
@@ -267,20 +304,28 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
         self.refresh_steps.append(self.iterations)
 
     def _directions(self, grads, damping):
-        return [
-            {
-                name: reference.precondition(
-                    self.model[index],
-                    name,
-                    grad,
-                    self.inverses.get(index),
-                    damping,
-                    self.batch_size,
+        directions = []
+        for index, layer in enumerate(grads):
+            if self.joint_biases and _joins(self.model[index]):
+                kernel, bias = joint_directions(
+                    self.inverses[index], layer["kernel"], layer["bias"]
                 )
-                for name, grad in layer.items()
-            }
-            for index, layer in enumerate(grads)
-        ]
+                directions.append({"kernel": kernel, "bias": bias})
+                continue
+            directions.append(
+                {
+                    name: reference.precondition(
+                        self.model[index],
+                        name,
+                        grad,
+                        self.inverses.get(index),
+                        damping,
+                        self.batch_size,
+                    )
+                    for name, grad in layer.items()
+                }
+            )
+        return directions
 
     def _momentum_step(self, index, name, weight, direction, learning_rate):
         if self.decay_filter(index, name):

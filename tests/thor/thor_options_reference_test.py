@@ -102,6 +102,8 @@ def _fit_and_reference(
         callbacks=[recorder],
     )
     hyper = {k: v for k, v in hyper.items() if k != "fisher"}
+    if hyper.pop("precondition_biases", None) == "joint":
+        hyper["joint_biases"] = True
     hyper.update(reference_hyper or {})
     batches = keras_models.random_batches(x, y, batch_size) * epochs
     recorder.start, recorder.batches = start, batches
@@ -381,5 +383,58 @@ def test_pi_damping_split_follows_the_reference(kind, options, compile_options):
     )
     error = keras_models.relative_error(
         recorder.weights[-1], keras_models.flat(uniform[-1])
+    )
+    assert error > 1e-3
+
+
+@pytest.mark.parametrize(
+    "kind, options, compile_options",
+    [
+        # [x, 1] of 6 inputs and of 7 hidden units: 7- and 8-wide A, cut
+        # into split_dim=4 blocks (one padded).
+        ("mlp", {}, None),
+        # The 1 ends every im2col patch row; with π and the averages.
+        (
+            "cnn",
+            {
+                "factor_decay": 0.8,
+                "statistics_frequency": 1,
+                "damping_split": "pi",
+            },
+            EAGER,
+        ),
+    ],
+    ids=["mlp", "cnn-averaged-pi"],
+)
+def test_joint_bias_rows_follow_the_reference(kind, options, compile_options):
+    recorder, expected, _, model = _fit_and_reference(
+        kind,
+        "ce",
+        compile_options=compile_options,
+        frequency=4,
+        precondition_biases="joint",
+        **options,
+        **HYPER,
+    )
+    _assert_follows(recorder.weights, expected)
+    thor = model.optimizer
+    assert set(thor.step_plan.joint_biases) == set(thor.curvature_blocks)
+    # Kernel and bias share one block: the bias row joins A.
+    first = min(thor.curvature_blocks)
+    block = thor.curvature_blocks[first]
+    assert block.a_dim == block.inner.a_dim + 1
+    # The cross terms matter: separate bias blocks give other weights.
+    specs = _data(kind, "ce")[0]
+    separate, _ = options_reference.run_options_reference(
+        specs,
+        recorder.start,
+        recorder.batches,
+        CE,
+        frequency=4,
+        **options,
+        **HYPER,
+    )
+    error = keras_models.relative_error(
+        recorder.weights[-1], keras_models.flat(separate[-1])
     )
     assert error > 1e-3

@@ -81,6 +81,11 @@ class KroneckerBlock:
         blocks, size = block_layout(self.g_dim, split_dim)
         return a_shape, (self.groups * blocks, size, size)
 
+    @property
+    def recorded_block(self):
+        """The block whose layer calls the training step records."""
+        return self
+
     def to_matrices(self, gradient):
         """A kernel-shaped tensor as `(groups, a_dim, g_dim)`."""
         return ops.reshape(gradient, (1, self.a_dim, self.g_dim))
@@ -171,7 +176,11 @@ class DenseKronecker(KroneckerBlock):
         d_in, d_out = kernel.shape
         super().__init__(layer, kernel, 1, d_in, d_out)
 
-    def statistics(self, inputs, sample_output_grads):
+    def statistics(self, inputs, sample_output_grads, bias_row=False):
+        if bias_row:  # `[x, 1]` (`joint_bias`).
+            inputs = ops.cast(inputs, "float32")
+            ones = ops.ones_like(inputs[..., :1])
+            inputs = ops.concatenate([inputs, ones], axis=-1)
         a_sum, g_sum, rows = dense_statistics(inputs, sample_output_grads)
         return a_sum[None], g_sum[None], rows, 1.0
 
@@ -232,7 +241,7 @@ class ConvKronecker(KroneckerBlock):
             a_dim, g_dim = positions * channels, outputs // groups
         super().__init__(layer, kernel, groups, a_dim, g_dim)
 
-    def statistics(self, inputs, sample_output_grads):
+    def statistics(self, inputs, sample_output_grads, bias_row=False):
         data_format = self.options["data_format"]
         inputs = _channels_last(inputs, data_format)
         grads = _channels_last(sample_output_grads, data_format)
@@ -244,6 +253,7 @@ class ConvKronecker(KroneckerBlock):
             self.options["dilation_rate"],
             self.options["padding"],
             self.groups,
+            bias_row,
         )
         return a_sums, g_sums, rows, conv_factor_scale(grads)
 

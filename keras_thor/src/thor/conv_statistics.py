@@ -35,6 +35,7 @@ def grouped_conv_statistics(
     dilation_rate,
     padding,
     groups,
+    bias_row=False,
 ):
     """`(Σ M_gᵀM_g, Σ D_gᵀD_g, rows)` of a channels-last convolution.
 
@@ -42,7 +43,8 @@ def grouped_conv_statistics(
     `(N, *out_spatial, C_out)`. Returns `a_sums` `(groups, K·cin_g,
     K·cin_g)`, `g_sums` `(groups, cout_g, cout_g)` (float32) and `rows`, a
     float32 scalar (a tensor: dynamic when the shapes are). With
-    `groups = 1` these are the Dense statistics of the patches.
+    `groups = 1` these are the Dense statistics of the patches. With
+    `bias_row`, every group's patch rows end in a 1 (`K·cin_g + 1` wide).
     """
     patches = conv_patches(inputs, kernel_size, strides, dilation_rate, padding)
     patches = ops.reshape(ops.cast(patches, "float32"), (-1, patches.shape[-1]))
@@ -50,6 +52,9 @@ def grouped_conv_statistics(
     grads = ops.reshape(grads, (-1, grads.shape[-1]))
     rows = ops.cast(ops.shape(patches)[0], "float32")
     if groups == 1:
+        if bias_row:
+            ones = ops.ones_like(patches[:, :1])
+            patches = ops.concatenate([patches, ones], axis=-1)
         a_sums = ops.matmul(ops.transpose(patches), patches)
         g_sums = ops.matmul(ops.transpose(grads), grads)
         return a_sums[None], g_sums[None], rows
@@ -57,8 +62,14 @@ def grouped_conv_statistics(
     cin_g = _group_size(inputs.shape[-1], groups)
     cout_g = _group_size(grads.shape[-1], groups)
     patches = ops.reshape(patches, (-1, taps, groups, cin_g))
-    a_sums = ops.einsum("rkgc,rlgd->gkcld", patches, patches)
-    a_sums = ops.reshape(a_sums, (groups, taps * cin_g, taps * cin_g))
+    # Group-major rows `(rows, groups, K·cin_g)`, as the kernel matrices.
+    patches = ops.reshape(
+        ops.transpose(patches, (0, 2, 1, 3)), (-1, groups, taps * cin_g)
+    )
+    if bias_row:
+        ones = ops.ones_like(patches[:, :, :1])
+        patches = ops.concatenate([patches, ones], axis=-1)
+    a_sums = ops.einsum("rgk,rgl->gkl", patches, patches)
     grads = ops.reshape(grads, (-1, groups, cout_g))
     g_sums = ops.einsum("rgo,rgp->gop", grads, grads)
     return a_sums, g_sums, rows

@@ -34,6 +34,8 @@ from keras_thor.src.thor.blocks import KroneckerBlock
 from keras_thor.src.thor.blocks import NormalizationDiagonal
 from keras_thor.src.thor.einsum_layout import UnsupportedEinsumError
 from keras_thor.src.thor.einsum_layout import einsum_layout
+from keras_thor.src.thor.joint_bias import JOINABLE
+from keras_thor.src.thor.joint_bias import JointBiasKronecker
 
 _PRECONDITIONER = "_keras_thor_preconditioner"
 _CURVATURE = "_keras_thor_curvature"
@@ -338,13 +340,35 @@ def preconditioner_of(variable):
     return getattr(variable, _PRECONDITIONER, None)
 
 
-def preconditioners_of(variables, preconditions_bias):
+def _joined(preconditioners):
+    """`preconditioners` with each Dense or convolution kernel block whose
+    layer's bias is among them replaced by a `JointBiasKronecker` (the
+    bias's entry then `None`: the block preconditions it)."""
+    joined = list(preconditioners)
+    kernels = {
+        id(block.layer): index
+        for index, block in enumerate(preconditioners)
+        if isinstance(block, JOINABLE)
+        and not isinstance(block.layer, SEPARABLE)
+    }
+    for index, block in enumerate(preconditioners):
+        if isinstance(block, BiasKronecker) and id(block.layer) in kernels:
+            kernel = kernels[id(block.layer)]
+            joined[kernel] = JointBiasKronecker(
+                preconditioners[kernel], block.kernel
+            )
+            joined[index] = None
+    return joined
+
+
+def preconditioners_of(variables, preconditions_bias, joint=False):
     """`(preconditioners, blocks)` of THOR's trained variables.
 
     `preconditioners[i]` is variable `i`'s block or diagonal rule, `None`
-    for a bias that `preconditions_bias(bias_block)` leaves out; `blocks`
-    is `{i: block}` of the Kronecker blocks among them. Raises a
-    `ValueError` when there is none.
+    for a bias that `preconditions_bias(bias_block)` leaves out (or, if
+    `joint`, that joins its kernel's block); `blocks` is `{i: block}` of
+    the Kronecker blocks among them. Raises a `ValueError` when there is
+    none.
     """
     preconditioners = []
     for variable in variables:
@@ -353,6 +377,8 @@ def preconditioners_of(variables, preconditions_bias):
             if not preconditions_bias(preconditioner):
                 preconditioner = None
         preconditioners.append(preconditioner)
+    if joint:
+        preconditioners = _joined(preconditioners)
     blocks = {
         index: block
         for index, block in enumerate(preconditioners)

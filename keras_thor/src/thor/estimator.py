@@ -239,7 +239,7 @@ class CurvatureEstimator:
                 inputs, sample_grads = _first_examples(
                     (inputs, sample_grads), self.options.statistics_rows
                 )
-            a_sum, g_sum, rows, factor_scale = call.block.statistics(
+            a_sum, g_sum, rows, factor_scale = self._blocks[index].statistics(
                 inputs, sample_grads
             )
             if index in sums:

@@ -280,7 +280,9 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         if self.built:
             return
         preconditioners, blocks = preconditioners_of(
-            var_list, self.curvature_options.preconditions_bias
+            var_list,
+            self.curvature_options.preconditions_bias,
+            self.precondition_biases == "joint",
         )
         super().build(var_list)
         self._velocities = [

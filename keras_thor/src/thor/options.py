@@ -12,7 +12,7 @@ from keras_thor.src.thor.damping_split import DAMPING_SPLITS
 from keras_thor.src.utils import validation
 
 FISHER_KINDS = ("empirical", "sampled")
-BIAS_RULES = (None, "shared", "all")
+BIAS_RULES = (None, "shared", "all", "joint")
 # Faster at 2 and 4 CPU replicas (docs/benchmarks.md, "THOR's reductions").
 SPREAD_INVERSES_DEFAULT = True
 
@@ -66,7 +66,11 @@ CURVATURE_OPTION_ARGS = """split_indices: Sorted layer indices after which the
             the bias is shared by). `"shared"` does it only for biases
             added at several positions of each example (convolutions,
             Dense and EinsumDense layers on sequences), `"all"` for every
-            such layer's bias. Defaults to `None`.
+            such layer's bias. `"joint"`: every K-FAC peer's rule, the
+            bias as the 1 appended to each input row of its Dense or
+            convolution kernel's block (`[x, 1]`), kernel and bias
+            preconditioned together; other layers' biases (EinsumDense,
+            separable convolutions) as with `"all"`. Defaults to `None`.
         trace_thresholds: `None` (MindSpore: every layer is inverted at
             every refresh step) or `(ω₁, ω₂)` with `0 <= ω₂ <= ω₁` (a float
             is `(ω₁, 0.0)`): the THOR paper's trace rule. At a refresh
@@ -280,6 +284,12 @@ class CurvatureOptions:
             "damping_split", self.damping_split, DAMPING_SPLITS
         )
         checked["kl_clip"] = _checked_kl_clip(self.kl_clip)
+        if self.precondition_biases == "joint" and self.kl_clip is not None:
+            raise ValueError(
+                'The KL guard does not yet cover `precondition_biases="joint"`'
+                " blocks: set one of them. Received: "
+                f"kl_clip={self.kl_clip}, precondition_biases='joint'"
+            )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 
@@ -294,4 +304,4 @@ class CurvatureOptions:
         (a `BiasKronecker`)."""
         if self.precondition_biases == "shared":
             return bias_block.shared
-        return self.precondition_biases == "all"
+        return self.precondition_biases in ("all", "joint")

@@ -47,6 +47,8 @@ class StepPlan:
             gradients give the statistics.
         variable_index: `variable -> index` in THOR's trained variables
             (`None` for a variable THOR does not train).
+        joint_biases: `{kernel index: bias index}` of the blocks that
+            precondition a kernel and its bias together (`joint_bias`).
     """
 
     blocks: dict
@@ -54,11 +56,18 @@ class StepPlan:
     guarded_kernels: frozenset
     fisher: str
     variable_index: Callable
+    joint_biases: dict = dataclasses.field(default_factory=dict)
 
     @property
     def preconditioned_in_step(self):
         """The variable indices whose gradient the step preconditions."""
-        return self.factored_kernels | self.guarded_kernels
+        joint = set(self.joint_biases) | set(self.joint_biases.values())
+        return self.factored_kernels | self.guarded_kernels | joint
+
+    @property
+    def recorded_blocks(self):
+        """`{variable index: the block whose calls are recorded}`."""
+        return {i: b.recorded_block for i, b in self.blocks.items()}
 
     @classmethod
     def for_blocks(cls, blocks, variable_index, options, batch_size, clipping):
@@ -78,4 +87,9 @@ class StepPlan:
             guarded_kernels=frozenset(blocks if guarded else ()),
             fisher=options.fisher,
             variable_index=variable_index,
+            joint_biases={
+                index: variable_index(block.bias)
+                for index, block in blocks.items()
+                if getattr(block, "bias", None) is not None
+            },
         )

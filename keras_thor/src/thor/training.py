@@ -20,6 +20,7 @@ from keras_thor.src.distribute.train_step import keras_train_step
 from keras_thor.src.distribute.train_step import scaled_training_loss
 from keras_thor.src.distribute.train_step import training_call
 from keras_thor.src.thor import capture
+from keras_thor.src.thor.joint_bias import joint_directions
 from keras_thor.src.thor.kl_guard import guarded_gradients
 from keras_thor.src.thor.optimizer import THOR
 from keras_thor.src.thor.sampled_fisher import fisher_loss_kind
@@ -136,11 +137,9 @@ def train_step(model, data, statistics, invert, update=True):
         keras_internals.symbolic_build(model, data)
         variables = model.trainable_weights
     plan = thor.step_plan
-    recorded = (
-        plan.blocks
-        if statistics
-        else {i: plan.blocks[i] for i in plan.factored_kernels}
-    )
+    recorded = plan.recorded_blocks
+    if not statistics:
+        recorded = {i: recorded[i] for i in plan.factored_kernels}
     sampled = statistics and plan.fisher == "sampled"
     with capture.thor_training_step():
         with tf.GradientTape(persistent=sampled) as tape:
@@ -181,6 +180,8 @@ def train_step(model, data, statistics, invert, update=True):
             grads = _add_factored_gradients(
                 thor, variables, grads, calls, factored, output_grads
             )
+            if plan.joint_biases:
+                grads = joint_directions(plan, thor.estimator, variables, grads)
             if plan.guarded_kernels:
                 grads = guarded_gradients(thor, variables, grads, loss_scale)
             apply_gradients(model.optimizer, grads, variables)

@@ -1,0 +1,96 @@
+"""A kernel and its bias as one Kronecker block on `[x, 1]` rows (opt-in:
+`THOR(precondition_biases="joint")`), as every K-FAC peer does.
+
+```
+A = [X, 1]ᵀ[X, 1] / rows            (a_dim + 1 wide; per group)
+[d_W; d_b] = A⁻¹ · [g_W; g_b] · G⁻¹
+```
+
+Notation:
+    - `X`: the kernel block's input rows (a Dense layer's inputs, a
+      convolution's im2col patches: the 1 ends every patch row, so the
+      bias is the homogeneous coordinate of each output position and
+      shares the block's `√T` scale).
+    - `g_W`, `g_b`: the kernel's gradient as the block's matrices and the
+      bias's as one more row; `G`: the kernel block's.
+
+The direction of both variables comes from the training step (the update
+takes it as it is), from each replica's gradient: preconditioning is
+linear, and the inverses are the same on every replica.
+"""
+
+from keras import ops
+
+from keras_thor.src.thor.blocks import ConvKronecker
+from keras_thor.src.thor.blocks import DenseKronecker
+from keras_thor.src.thor.blocks import KroneckerBlock
+from keras_thor.src.thor.preconditioning import kronecker_precondition
+
+JOINABLE = (DenseKronecker, ConvKronecker)
+
+
+class JointBiasKronecker(KroneckerBlock):
+    """`kernel_block`'s factors with the bias row and column.
+
+    Attributes:
+        inner: The kernel's own block (what the layer's calls record).
+        bias: The bias variable, preconditioned with the kernel.
+    """
+
+    def __init__(self, kernel_block, bias):
+        self.inner = kernel_block
+        self.bias = bias
+        super().__init__(
+            kernel_block.layer,
+            kernel_block.kernel,
+            kernel_block.groups,
+            kernel_block.a_dim + 1,
+            kernel_block.g_dim,
+        )
+
+    @property
+    def recorded_block(self):
+        return self.inner
+
+    def statistics(self, inputs, sample_output_grads):
+        return self.inner.statistics(inputs, sample_output_grads, bias_row=True)
+
+    def precondition_pair(self, kernel_grad, bias_grad, a_inverse, g_inverse):
+        """`(d_W, d_b)` from the kernel's and the bias's gradients."""
+        kernel_rows = self.inner.to_matrices(
+            ops.reshape(ops.cast(kernel_grad, "float32"), self.kernel.shape)
+        )
+        bias_row = ops.reshape(
+            ops.cast(bias_grad, "float32"), (self.groups, 1, self.g_dim)
+        )
+        matrices = ops.concatenate([kernel_rows, bias_row], axis=1)
+        product = kronecker_precondition(matrices, a_inverse, g_inverse)
+        return (
+            self.inner.from_matrices(product[:, :-1]),
+            ops.reshape(product[:, -1], self.bias.shape),
+        )
+
+
+def joint_directions(plan, estimator, variables, grads):
+    """`grads` with each joint block's kernel and bias gradients replaced
+    by their joint direction (`StepPlan.joint_biases`), in the gradients'
+    own (loss) scale."""
+    positions = {}
+    for position, variable in enumerate(variables):
+        positions[plan.variable_index(variable)] = position
+    grads = list(grads)
+    for kernel_index, bias_index in plan.joint_biases.items():
+        kernel_at, bias_at = positions[kernel_index], positions[bias_index]
+        if grads[kernel_at] is None or grads[bias_at] is None:
+            continue
+        a_inverse, g_inverse = estimator.inverses_of(kernel_index)
+        kernel_direction, bias_direction = plan.blocks[
+            kernel_index
+        ].precondition_pair(
+            grads[kernel_at], grads[bias_at], a_inverse, g_inverse
+        )
+        grads[kernel_at] = ops.cast(
+            kernel_direction, variables[kernel_at].dtype
+        )
+        grads[bias_at] = ops.cast(bias_direction, variables[bias_at].dtype)
+    return grads
