@@ -151,7 +151,7 @@ def refresh_pieces(model, x, y):
             loss = LOSS(y, model(x, training=True))
         return tape.gradient(loss, variables)
 
-    blocks = thor.curvature_blocks.values()
+    blocks = thor.step_plan.recorded_blocks.values()
 
     @tf.function
     def backward_and_statistics(x, y):
@@ -178,11 +178,17 @@ def refresh_pieces(model, x, y):
 
     grads = backward(x, y)
 
+    joint = thor.step_plan.joint_biases
+
     @tf.function
     def precondition(grads):
         damping = thor.current_damping()
         return [
-            update.precondition(
+            thor.curvature_blocks[i].precondition_pair(
+                grads[i], grads[joint[i]], *thor.estimator.inverses_of(i)
+            )
+            if i in joint
+            else update.precondition(
                 thor.curvature_blocks[i],
                 grads[i],
                 *thor.estimator.inverses_of(i),
@@ -293,6 +299,11 @@ OPTIONS = {
     'precondition_biases="all"': {"precondition_biases": "all"},
     "THOR.recommended()": dict(keras_thor.optimizers.THOR.RECOMMENDED),
     "trace_thresholds=0.01": {"trace_thresholds": 0.01},
+    'damping_split="pi"': {"damping_split": "pi"},
+    'precondition_biases="joint"': {"precondition_biases": "joint"},
+    # Every step gathers statistics: the "plain" column is a statistics
+    # step that does not invert.
+    "statistics every step": {"statistics_frequency": 1, "factor_decay": 0.95},
     # Every refresh after the first skips every inversion: what the trace
     # rule can save at most.
     "trace rule, all skipped": {"trace_thresholds": 1e9},
