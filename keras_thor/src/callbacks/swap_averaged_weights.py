@@ -19,8 +19,10 @@ class SwapAveragedWeights(keras.callbacks.Callback):
     """Swaps in the optimizer's averaged weights for evaluation.
 
     The ASGD counterpart of `keras.callbacks.SwapEMAWeights`: validation
-    during `fit`, `evaluate` and `predict` see the averaged weights `ax`,
-    and training resumes from the trained weights afterwards. The swap is an
+    during `fit`, and `evaluate` and `predict` calls that are given this
+    callback, see the averaged weights `ax`; training resumes from the
+    trained weights afterwards, and after `fit` the model holds the trained
+    weights (a plain `model.evaluate()` measures those). The swap is an
     exact exchange (no arithmetic on the values).
 
     With `swap_on_epoch=True` the averaged weights are also in the model
@@ -43,6 +45,8 @@ class SwapAveragedWeights(keras.callbacks.Callback):
     model.compile(optimizer=keras_thor.optimizers.ASGD(t0=100), loss="mse")
     model.fit(x, y, validation_data=(x_val, y_val),
               callbacks=[keras_thor.callbacks.SwapAveragedWeights()])
+    model.evaluate(x_test, y_test,
+                   callbacks=[keras_thor.callbacks.SwapAveragedWeights()])
     ```
     """
 
