@@ -98,6 +98,13 @@ def convert_to_thor_model(model):
     first-order; `keras_thor.curvature_coverage(model)` gives the table.
     `keras_thor.to_keras_model` turns the result back into plain Keras.
 
+    Users' own layers need no registering: unregistered classes and
+    `Lambda` layers (Python lambdas included) are rebuilt from the model's
+    own objects and stay what they are. A layer whose `get_config` does
+    not give back its constructor arguments is a `ValueError` naming it.
+    Loading the saved result needs `custom_objects` for those classes (and
+    `safe_mode=False` for Python lambdas), as for any Keras model.
+
     A subclassed model cannot be rebuilt from outside: derive it from
     `keras_thor.models.ThorModel` instead of `keras.Model`.
 
@@ -108,7 +115,8 @@ def convert_to_thor_model(model):
         The model for THOR.
 
     Raises:
-        ValueError: If THOR can precondition none of the model's layers.
+        ValueError: If THOR can precondition none of the model's layers,
+            or a layer cannot be rebuilt from its config.
     """
     from keras_thor.src.thor.model import ThorFunctional
     from keras_thor.src.thor.model import ThorSequential
@@ -150,9 +158,10 @@ def to_keras_model(model):
     The inverse of `convert_to_thor_model`: the same architecture, layers
     and weights (so the same predictions), as a `keras.Sequential` or a
     Functional `keras.Model`. Layers of earlier keras_thor versions
-    (`ThorDense`, ...) become their Keras classes; users' own registered
-    layers stay theirs. Its `.keras` file loads where keras_thor is not
-    installed (`keras.models.load_model(path, compile=False)`).
+    (`ThorDense`, ...) become their Keras classes; users' own layers
+    (registered or not) stay theirs. Its `.keras` file loads where
+    keras_thor is not installed (`keras.models.load_model(path,
+    compile=False)`).
 
     A subclassed `keras_thor.models.ThorModel` is the user's own class and
     cannot be rebuilt from outside: serve it with `model.export(path)`
