@@ -90,10 +90,14 @@ def convert_to_thor_model(model):
     equivalent is `ConvertModelUtils.convert_to_thor_model` plus
     `nn.thor(net, ...)`.
 
-    THOR preconditions `Dense`, `EinsumDense` (MultiHeadAttention's
-    projections), 1-3-D, grouped, depthwise and separable convolutions,
-    `Embedding`, and the scale and offset of normalization layers; every
-    other variable (biases, other layers) takes the plain gradient. The
+    THOR preconditions the kernels of `Dense`, `EinsumDense`
+    (MultiHeadAttention's projections), 1-3-D, grouped, depthwise and
+    separable convolutions, `Embedding`, and the scale and offset of
+    `LayerNormalization` (MindSpore's diagonal rule); `BatchNormalization`
+    and `GroupNormalization` take the plain gradient, as in MindSpore's
+    THOR. Biases take the plain gradient unless
+    `THOR(precondition_biases=...)` selects them ("shared", "all" or
+    "joint"); every other variable takes the plain gradient. The
     conversion logs a summary and warns, naming every layer left
     first-order; `keras_thor.curvature_coverage(model)` gives the table.
     `keras_thor.to_keras_model` turns the result back into plain Keras.
