@@ -6,14 +6,29 @@ from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.boost.boost_optimizer import BoostOptimizer
 from keras_thor.src.boost.train_function import BoostTrainFunction
 from keras_thor.src.distribute.distributed_trainer import DistributedTrainer
+from keras_thor.src.distribute.own_training import OwnTraining
 from keras_thor.src.distribute.own_training import own_train_function
 from keras_thor.src.utils.rebuild import check_rewritable
 from keras_thor.src.utils.rebuild import rebuild
 from keras_thor.src.utils.rebuild import registered_class
 
+BOOST_TRAINING = OwnTraining(
+    "A `BoostOptimizer`", "boost's training step is TensorFlow code"
+)
+
 
 def _boost_optimizer_of(optimizer):
     return optimizer if isinstance(optimizer, BoostOptimizer) else None
+
+
+def _boost_inside(optimizer):
+    """The `BoostOptimizer` `compile(optimizer=...)` trains with, bare or
+    in a `LossScaleOptimizer` (a name or a config resolved)."""
+    if isinstance(optimizer, (str, dict)):
+        optimizer = keras.optimizers.get(optimizer)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer
+    return _boost_optimizer_of(optimizer)
 
 
 def _loss_scale_inside(optimizer):
@@ -46,16 +61,28 @@ class BoostTrainer(DistributedTrainer):
     gradients of the group that step trains only, and updates the weights
     on the steps that end an accumulation. With any other optimizer the
     Keras parent class's own train function runs.
+
+    A `BoostOptimizer` trains on the TensorFlow backend only: `compile`
+    with one raises on any other. A model saved compiled with one loads
+    compiled with it on every backend (off TensorFlow with a warning:
+    `predict` and `evaluate` run, `fit` raises).
     """
 
-    def compile(self, *args, **kwargs):
+    def compile(self, optimizer="rmsprop", *args, **kwargs):
+        if _boost_inside(optimizer) is not None:
+            BOOST_TRAINING.check_backend()
+        self._compile_boost(optimizer, *args, **kwargs)
+
+    def _compile_boost(self, *args, **kwargs):
         super().compile(*args, **kwargs)
         self.optimizer = _loss_scale_inside(self.optimizer)
 
     def compile_from_config(self, config):
         # Keras's skips a model whose `compile` is overridden.
         config = keras.saving.deserialize_keras_object(config)
-        self.compile(**config)
+        self._compile_boost(**config)
+        if _boost_inside(self.optimizer) is not None:
+            BOOST_TRAINING.warn_loaded()
         if self.optimizer is not None and self.built:
             self.optimizer.build(self.trainable_variables)
 
@@ -78,7 +105,7 @@ class BoostTrainer(DistributedTrainer):
         if _boost_optimizer_of(self.optimizer) is None:
             return super().make_train_function(force=force)
         return own_train_function(
-            self, force, "A `BoostOptimizer`", _boost_train_function
+            self, force, BOOST_TRAINING, _boost_train_function
         )
 
 

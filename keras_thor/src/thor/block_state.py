@@ -35,7 +35,8 @@ class BlockState:
 
 
 def _identity_blocks(shape, dtype=None):
-    return ops.broadcast_to(ops.eye(shape[-1], dtype=dtype), shape)
+    # A copy: on torch a broadcast is a view that loading cannot write into.
+    return ops.copy(ops.broadcast_to(ops.eye(shape[-1], dtype=dtype), shape))
 
 
 def added_inverses(add_variable, name, block, split_dim):

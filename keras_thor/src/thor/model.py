@@ -4,10 +4,21 @@ import keras
 
 from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.distribute.distributed_trainer import DistributedTrainer
+from keras_thor.src.distribute.own_training import OwnTraining
 from keras_thor.src.distribute.own_training import own_train_function
 from keras_thor.src.thor.curvature import attach_curvature
 from keras_thor.src.thor.train_function import ThorTrainFunction
 from keras_thor.src.thor.training import thor_optimizer_of
+
+THOR_TRAINING = OwnTraining("THOR", "its curvature capture is TensorFlow code")
+
+
+def _resolved(optimizer):
+    """The optimizer `compile(optimizer=...)` will train with (a name or
+    a config resolved; the instance itself is passed on untouched)."""
+    if isinstance(optimizer, (str, dict)):
+        return keras.optimizers.get(optimizer)
+    return optimizer
 
 
 class ThorTrainer(DistributedTrainer):
@@ -21,7 +32,27 @@ class ThorTrainer(DistributedTrainer):
     gradients and refreshes the inverses; all other steps run the plain
     step. With any other optimizer the Keras parent class's own train
     function runs (an overridden `train_step` included).
+
+    THOR trains on the TensorFlow backend only: `compile` with THOR raises
+    on any other. A model saved compiled with THOR loads compiled with it
+    (and its state) on every backend, so `predict` and `evaluate` run
+    there; off TensorFlow loading warns and `fit` raises.
     """
+
+    def compile(self, optimizer="rmsprop", *args, **kwargs):
+        if thor_optimizer_of(_resolved(optimizer)) is not None:
+            THOR_TRAINING.check_backend()
+        super().compile(optimizer, *args, **kwargs)
+
+    def compile_from_config(self, config):
+        # Keras's own skips a model whose `compile` is overridden; this one
+        # restores the saved compilation on every backend.
+        config = keras.saving.deserialize_keras_object(config)
+        super().compile(**config)
+        if thor_optimizer_of(self.optimizer) is not None:
+            THOR_TRAINING.warn_loaded()
+        if self.optimizer is not None and self.built:
+            self.optimizer.build(self.trainable_variables)
 
     @property
     def trainable_variables(self):
@@ -43,9 +74,7 @@ class ThorTrainer(DistributedTrainer):
     def make_train_function(self, force=False):
         if thor_optimizer_of(self.optimizer) is None:
             return super().make_train_function(force=force)
-        return own_train_function(
-            self, force, "THOR's curvature capture", ThorTrainFunction
-        )
+        return own_train_function(self, force, THOR_TRAINING, ThorTrainFunction)
 
 
 def _functional_arguments(args, kwargs):
@@ -90,7 +119,8 @@ class ThorModel(ThorTrainer, keras.Model):
     `keras_thor.convert_to_thor_model` for a Functional model; a subclass
     whose constructor calls `super().__init__(inputs, outputs)` should
     derive from `ThorFunctional`. Training with THOR needs the TensorFlow
-    backend; `evaluate` and `predict` are Keras's own.
+    backend (`compile` with THOR raises on any other); `evaluate` and
+    `predict` are Keras's own.
     """
 
     def __new__(cls, *args, **kwargs):
