@@ -33,6 +33,47 @@ def _joint_block(layer):
     return JointBiasKronecker(kernel_block, layer.bias)
 
 
+@pytest.mark.parametrize(
+    "inputs, split_dim, a_shape",
+    [
+        (256, 256, (1, 257, 257)),  # whole: not two 256-wide blocks
+        (512, 256, (2, 257, 257)),
+        (300, 256, (2, 257, 257)),
+        (6, 128, (1, 7, 7)),
+    ],
+)
+def test_the_bias_row_does_not_count_toward_split_dim(
+    inputs, split_dim, a_shape
+):
+    layer = keras.layers.Dense(3)
+    layer.build((None, inputs))
+    block = _joint_block(layer)
+    a_shape_of, g_shape = block.inverse_shapes(split_dim)
+    assert a_shape_of == a_shape and g_shape == (1, 3, 3)
+    rng = np.random.default_rng(0)
+    rows = rng.normal(size=(2 * inputs + 2, inputs + 1)).astype("float32")
+    factor = rows.T @ rows / len(rows)
+    statistics = (factor[None], np.eye(3, dtype="float32")[None], 1.0)
+    a_blocks, _ = block.factor_blocks(statistics, split_dim)
+    assert tuple(a_blocks.shape) == a_shape
+    a_inverse, _, trouble = block.inverses(
+        statistics,
+        0.01,
+        split_dim,
+        np.zeros(a_shape, "float32"),
+        np.zeros((1, 3, 3), "float32"),
+    )
+    assert tuple(a_inverse.shape) == a_shape and not bool(trouble)
+    size = a_shape[1]
+    first = factor[:size, :size] + 0.1 * np.eye(size)
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(a_inverse)[0],
+        np.linalg.inv(first),
+        rtol=2e-3,
+        atol=1e-4,
+    )
+
+
 @pytest.mark.parametrize("kind", ["dense", "grouped", "depthwise"])
 def test_kernel_and_bias_matrices_round_trip(kind):
     """With identity inverses the joint step is the gradient itself: the

@@ -78,16 +78,19 @@ def damped_trace(layer_spec, factors, damping, split="uniform"):
     return float(np.trace(np.kron(a_damped, g_damped)))
 
 
-def layer_inverses(layer_spec, factors, damping, split_dim, split):
-    """`{"A_inv", "G_inv"}` of one layer with the damping `split`."""
-    if split == "uniform":
+def layer_inverses(
+    layer_spec, factors, damping, split_dim, split, a_split_dim=None
+):
+    """`{"A_inv", "G_inv"}` of one layer with the damping `split`, `A` cut
+    into blocks of `a_split_dim` (default `split_dim`)."""
+    if split == "uniform" and a_split_dim is None:
         return reference.layer_inverses(layer_spec, factors, damping, split_dim)
     a_damped, g_damped = damped_factors(layer_spec, factors, damping, split)
     g_inv = reference.block_inverse(g_damped, split_dim)
     if layer_spec["type"] == "embedding":
         return {"A_inv": 1.0 / np.diag(a_damped), "G_inv": g_inv}
     return {
-        "A_inv": reference.block_inverse(a_damped, split_dim),
+        "A_inv": reference.block_inverse(a_damped, a_split_dim or split_dim),
         "G_inv": g_inv,
     }
 
@@ -294,12 +297,15 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
             self.trace_decisions.append((self.iterations, index, decision))
             if decision != "invert":
                 continue
+            joint = self.joint_biases and _joins(self.model[index])
             self.inverses[index] = layer_inverses(
                 self.model[index],
                 self.current_factors(index),
                 damping,
                 self.split_dim,
                 self.damping_split,
+                # The [x, 1] row does not count toward split_dim.
+                a_split_dim=self.split_dim + 1 if joint else None,
             )
         self.refresh_steps.append(self.iterations)
 

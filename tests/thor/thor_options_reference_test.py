@@ -105,6 +105,8 @@ def _fit_and_reference(
     if hyper.pop("precondition_biases", None) == "joint":
         hyper["joint_biases"] = True
     hyper.update(reference_hyper or {})
+    # THOR takes the batch `fit` trains with when not given one.
+    hyper.setdefault("batch_size", batch_size)
     batches = keras_models.random_batches(x, y, batch_size) * epochs
     recorder.start, recorder.batches = start, batches
     expected, optimizer = options_reference.run_options_reference(
@@ -391,7 +393,7 @@ def test_pi_damping_split_follows_the_reference(kind, options, compile_options):
     "kind, options, compile_options",
     [
         # [x, 1] of 6 inputs and of 7 hidden units: 7- and 8-wide A, cut
-        # into split_dim=4 blocks (one padded).
+        # into blocks of split_dim + 1 = 5 (the bias row does not count).
         ("mlp", {}, None),
         # The 1 ends every im2col patch row; with π and the averages.
         (

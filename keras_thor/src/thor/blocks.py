@@ -71,12 +71,17 @@ class KroneckerBlock:
         self.a_dim = a_dim
         self.g_dim = g_dim
 
+    def a_split_dim(self, split_dim):
+        """The block size `A` is cut at: `split_dim` (a joint bias block's
+        `[x, 1]` row does not count toward it)."""
+        return split_dim
+
     def inverse_shapes(self, split_dim):
         """The shapes of the stored `A⁻¹` and `G⁻¹`."""
         if self.a_is_diagonal:
             a_shape = (self.a_dim,)
         else:
-            blocks, size = block_layout(self.a_dim, split_dim)
+            blocks, size = block_layout(self.a_dim, self.a_split_dim(split_dim))
             a_shape = (self.groups * blocks, size, size)
         blocks, size = block_layout(self.g_dim, split_dim)
         return a_shape, (self.groups * blocks, size, size)
@@ -123,6 +128,7 @@ class KroneckerBlock:
             a_inverse,
             g_inverse,
             pi=self.pi(a, g, damping_split),
+            a_split_dim=self.a_split_dim(split_dim),
         )
 
     def factor_blocks(self, statistics, split_dim):
@@ -132,7 +138,7 @@ class KroneckerBlock:
         a = ops.cast(a, "float32")
         g = ops.cast(g, "float32")
         if not self.a_is_diagonal:
-            a = diagonal_blocks(factor_scale * a, split_dim)
+            a = diagonal_blocks(factor_scale * a, self.a_split_dim(split_dim))
         return a, diagonal_blocks(factor_scale * g, split_dim)
 
     def inverses_of_blocks(

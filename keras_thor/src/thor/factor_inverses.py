@@ -18,6 +18,7 @@ def factor_inverses(
     previous_a_inverse,
     previous_g_inverse,
     pi=1.0,
+    a_split_dim=None,
 ):
     """The damped inverses of one layer's factors, robustly.
 
@@ -35,9 +36,11 @@ def factor_inverses(
           damping; `π_j`: `pi`, a scalar or one per group (1: MindSpore's
           split, see `damping_split`).
 
-    A block that fails its Cholesky factorization is inverted with more
-    damping; if the factors are not finite (or even the fallback fails)
-    both previous inverses are kept. `trouble` is `True` in either case.
+    `G` is cut into blocks of `split_dim`, `A` of `a_split_dim` (default
+    `split_dim`). A block that fails its Cholesky factorization is
+    inverted with more damping; if the factors are not finite (or even
+    the fallback fails) both previous inverses are kept. `trouble` is
+    `True` in either case.
     """
     root = ops.sqrt(damping)
     if a_is_diagonal:
@@ -45,7 +48,9 @@ def factor_inverses(
         a_fell_back = ops.convert_to_tensor(False)
     else:
         a_inverse, a_fell_back = damped_block_inverse(
-            factor_scale * a, per_matrix(root * pi, a.shape[0]), split_dim
+            factor_scale * a,
+            per_matrix(root * pi, a.shape[0]),
+            split_dim if a_split_dim is None else a_split_dim,
         )
     g_inverse, g_fell_back = damped_block_inverse(
         factor_scale * g, per_matrix(root / pi, g.shape[0]), split_dim

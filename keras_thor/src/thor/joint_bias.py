@@ -52,6 +52,11 @@ class JointBiasKronecker(KroneckerBlock):
     def recorded_block(self):
         return self.inner
 
+    def a_split_dim(self, split_dim):
+        """`split_dim + 1`: the bias row never opens a block of its own
+        (a 256-input Dense at `split_dim=256` keeps one 257-wide block)."""
+        return split_dim + 1
+
     def statistics(self, inputs, sample_output_grads):
         return self.inner.statistics(inputs, sample_output_grads, bias_row=True)
 
