@@ -22,12 +22,13 @@ $(VENV)/.backends: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[backends]"
 	touch $@
 
-# Benchmark 1(a) of docs/benchmarks.md, the whole protocol on the digits MLP
-# in one go: THOR against SGD (Nesterov), AdamW, Muon, Lion and
-# ScheduleFreeAdamW. Prints a table, writes results/thor_demo_digits.png.
+# Benchmark 1(a) of docs/benchmarks.md without tuning (about 1 minute on 2
+# cores): THOR.recommended() as shipped and THOR with MindSpore's rule
+# against AdamW, Muon, Lion and ScheduleFreeAdamW at the best points recorded
+# in benchmarks/thor_time_to_accuracy_protocol.json, on the digits MLP, seeds
+# 1-3. Prints a table and a verdict, writes results/thor_demo_digits.png.
 demo: $(VENV)/.installed
-	$(PY) benchmarks/thor_time_to_accuracy.py --phase all --tasks digits \
-		--optimizers all --prefix results/thor_demo
+	$(PY) benchmarks/demo.py
 
 test: lint test-tensorflow test-backends
 
@@ -49,6 +50,8 @@ test-backends: $(VENV)/.backends
 benchmark: $(VENV)/.installed
 	$(PY) benchmarks/optimizer_step_time.py
 	$(PY) benchmarks/thor_time_to_accuracy.py --phase report
+	$(PY) benchmarks/thor_time_to_accuracy.py --phase all --tasks digits \
+		--optimizers all --prefix results/thor_digits
 	$(PY) benchmarks/thor_step_cost.py
 	$(PY) benchmarks/boost_throughput.py
 	$(PY) benchmarks/distributed.py

