@@ -18,12 +18,18 @@ import keras
 import numpy as np
 import pytest
 
+import keras_thor
 from tests.fixtures import generate_saved_states as saved
 
 pytestmark = pytest.mark.tf_only
 
 FIXTURES = saved.DIRECTORY
 RTOL, ATOL = 1e-5, 1e-6
+# DimReduce's subspace BFGS state takes `s sᵀ / (yᵀs)` terms whose small
+# denominators amplify float32 rounding: on an AMD EPYC its entries (up to
+# about 90) end up to 3e-4 away from the Intel machine's that wrote the
+# trajectory, while the weights and logs agree to 1e-5.
+STATE_TOLERANCE = {"dim_reduce": (2e-3, 1e-3)}
 # What Keras 3.15 only warns about when it loads part of a state, e.g.
 # "Skipping variable loading for optimizer 'thor', because it has 40
 # variables whereas the saved optimizer has 44 variables."
@@ -106,14 +112,28 @@ def _assert_equal_lists(actual, expected, what, rtol=0.0, atol=0.0):
         )
 
 
-def _assert_loaded_state(weights, state, stored):
+def _file_state(optimizer, state):
+    """`state` without the variables THOR creates after all those the files
+    hold (`skipped_updates`, 0 here, and `trained_batch_size`, 0 until the
+    first step or THOR's batch size), which they start at."""
+    if not isinstance(optimizer, keras_thor.optimizers.THOR):
+        return state
+    skipped, batch = state[-2:]
+    assert int(skipped) == 0
+    assert int(batch) in (0, optimizer.batch_size)
+    return state[:-2]
+
+
+def _assert_loaded_state(weights, state, stored, optimizer):
     _assert_equal_lists(weights, _listed(stored, "saved_weight"), "weights")
     _assert_equal_lists(
-        state, _listed(stored, "saved_optimizer"), "optimizer variables"
+        _file_state(optimizer, state),
+        _listed(stored, "saved_optimizer"),
+        "optimizer variables",
     )
 
 
-def _assert_stored_trajectory(model, steps, stored):
+def _assert_stored_trajectory(model, steps, stored, name):
     logs = steps.arrays()
     expected = {k[len("log__") :]: v for k, v in stored.items() if "log__" in k}
     assert set(expected) <= set(logs), (sorted(expected), sorted(logs))
@@ -129,11 +149,10 @@ def _assert_stored_trajectory(model, steps, stored):
         ATOL,
     )
     _assert_equal_lists(
-        saved.optimizer_state(model),
+        _file_state(model.optimizer, saved.optimizer_state(model)),
         _listed(stored, "final_optimizer"),
         "final optimizer variables",
-        RTOL,
-        ATOL,
+        *STATE_TOLERANCE.get(name, (RTOL, ATOL)),
     )
 
 
@@ -143,12 +162,15 @@ def test_keras_file_continues_the_stored_trajectory(name, workdir):
     with _NoLoadingWarnings():
         model = keras.models.load_model(os.path.join(FIXTURES, f"{name}.keras"))
     _assert_loaded_state(
-        saved.weights_of(model), saved.optimizer_state(model), stored
+        saved.weights_of(model),
+        saved.optimizer_state(model),
+        stored,
+        model.optimizer,
     )
     steps = saved.StepLogs()
     data = (stored["x"], stored["y"])
     saved.fit(model, data, saved.AFTER, [*case.after_load(), steps])
-    _assert_stored_trajectory(model, steps, stored)
+    _assert_stored_trajectory(model, steps, stored, name)
 
 
 @pytest.mark.parametrize("name", sorted(saved.CASES))
@@ -170,5 +192,5 @@ def test_backup_and_restore_resumes_the_stored_trajectory(name, workdir):
                 steps,
             ],
         )
-    _assert_loaded_state(start.weights, start.state, stored)
-    _assert_stored_trajectory(model, steps, stored)
+    _assert_loaded_state(start.weights, start.state, stored, model.optimizer)
+    _assert_stored_trajectory(model, steps, stored, name)

@@ -32,7 +32,12 @@ def _scaled(inner):
 MODELS = {
     "thor": lambda: (
         keras_thor.convert_to_thor_model(helpers.mlp()),
-        _scaled(keras_thor.optimizers.THOR(0.05, 0.1, 0.9, frequency=3)),
+        # The same per-replica `batch_size` on one and two replicas.
+        _scaled(
+            keras_thor.optimizers.THOR(
+                0.05, 0.1, 0.9, frequency=3, batch_size=BATCH
+            )
+        ),
     ),
     "asgd": lambda: (
         keras_thor.convert_to_thor_model(helpers.mlp()),

@@ -25,6 +25,9 @@ STEPS_PER_EPOCH = 4
 
 
 def _model(strategy=None, layers=2, run_eagerly=False, **thor_args):
+    # `N` is per replica (by default one replica's share of `fit`'s batch):
+    # fixed here, so every replica count runs the same rule.
+    thor_args.setdefault("batch_size", 16)
     scope = strategy.scope() if strategy else contextlib.nullcontext()
     with scope:
         keras.utils.set_random_seed(0)

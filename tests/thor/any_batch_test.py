@@ -291,10 +291,10 @@ def test_steps_per_execution_and_both_orders_take_the_same_steps():
 
 
 def test_mnist_mlp_with_default_batch_size_and_a_partial_last_batch():
-    # The crash: THOR(batch_size=32) picks the factored order for
-    # the 784 -> 128 kernel, and fit(batch_size=128) over 1,000 rows ends on
-    # a batch of 104; it raised `TypeError: Failed to convert elements of
-    # (7, 128, None) to Tensor`.
+    # The crash: THOR(batch_size=32) (the default then) picks the
+    # factored order for the 784 -> 128 kernel, and fit(batch_size=128) over
+    # 1,000 rows ends on a batch of 104; it raised `TypeError: Failed to
+    # convert elements of (7, 128, None) to Tensor`.
     base = keras.Sequential(
         [
             keras.Input((784,)),
@@ -304,7 +304,9 @@ def test_mnist_mlp_with_default_batch_size_and_a_partial_last_batch():
     )
     model = keras_thor.convert_to_thor_model(base)
     model.compile(
-        optimizer=keras_thor.optimizers.THOR(0.05, damping=0.03, momentum=0.9),
+        optimizer=keras_thor.optimizers.THOR(
+            0.05, damping=0.03, momentum=0.9, batch_size=32
+        ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )

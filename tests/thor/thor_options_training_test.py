@@ -16,7 +16,12 @@ from tests import helpers
 
 pytestmark = pytest.mark.tf_only
 
-THOR_LOGS = {"thor_damping", "thor_refreshes", "thor_curvature_troubles"}
+THOR_LOGS = {
+    "thor_damping",
+    "thor_refreshes",
+    "thor_curvature_troubles",
+    "thor_skipped_updates",
+}
 
 
 def _data(samples=96, features=12, classes=4, seed=0):
@@ -419,12 +424,19 @@ def test_keras_file_with_every_option_resumes_as_uninterrupted(
     assert restored.damping_split == "pi"
     names = [v.name for v in restored.variables]
     assert names == [v.name for v in thor.variables]
-    assert names[-16:] == [
+    assert names[-18:] == [
         f"{layer}_{variable}_{part}"
         for layer in ("hidden", "logits")
         for variable in ("kernel", "bias")
         for part in ("a_factor", "g_factor", "factor_weight")
-    ] + ["guard_scale", "last_traces", "stopped_blocks", "skipped_inversions"]
+    ] + [
+        "guard_scale",
+        "last_traces",
+        "stopped_blocks",
+        "skipped_inversions",
+        "skipped_updates",
+        "trained_batch_size",
+    ]
     helpers.assert_all_close(
         helpers.optimizer_state(restored),
         helpers.optimizer_state(thor),

@@ -98,7 +98,8 @@ def _fit_and_reference(
         model, specs, x, y, batch_size=batch_size, epochs=epochs, **fit
     )
     reference_hyper = dict(hyper)
-    reference_hyper.setdefault("batch_size", 32)
+    # THOR takes the batch `fit` trains with when not given one.
+    reference_hyper.setdefault("batch_size", batch_size)
     if decay_filter is not None:
         names = {i: f"layer{i}" for i in range(len(specs))}
         reference_hyper["decay_filter"] = lambda i, name: decay_filter(

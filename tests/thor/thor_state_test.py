@@ -14,7 +14,7 @@ pytestmark = pytest.mark.tf_only
 STEPS_PER_EPOCH = 6
 
 
-def _optimizer():
+def _optimizer(**overrides):
     return keras_thor.optimizers.THOR(
         learning_rate=np.linspace(0.05, 0.02, 4 * STEPS_PER_EPOCH),
         damping=keras_thor.schedules.ThorResNetDamping(
@@ -24,10 +24,11 @@ def _optimizer():
         weight_decay=1e-3,
         frequency=4,
         split_dim=8,
+        **overrides,
     )
 
 
-def _model(strategy=None):
+def _model(strategy=None, **overrides):
     scope = strategy.scope() if strategy else contextlib.nullcontext()
     with scope:
         keras.utils.set_random_seed(0)
@@ -39,7 +40,7 @@ def _model(strategy=None):
         outputs = keras.layers.Dense(4, name="logits")(normed)
         model = keras_thor.convert_to_thor_model(keras.Model(inputs, outputs))
         model.compile(
-            optimizer=_optimizer(),
+            optimizer=_optimizer(**overrides),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
         )
@@ -97,8 +98,10 @@ def test_state_is_created_in_build_in_a_fixed_order():
         "logits_kernel_a_inverse",
         "logits_kernel_g_inverse",
         "curvature_troubles",
+        "skipped_updates",
+        "trained_batch_size",
     ]
-    assert names[-5:] == expected_tail
+    assert names[-7:] == expected_tail
     shapes = {v.name: tuple(v.shape) for v in model.optimizer.variables}
     assert shapes["hidden_kernel_a_inverse"] == (2, 8, 8)  # 12 -> 2 blocks
     assert shapes["hidden_kernel_g_inverse"] == (2, 8, 8)  # 10 -> 2 blocks
@@ -179,9 +182,10 @@ def _strategy(replicas):
 
 @pytest.mark.multi_device
 def test_two_replicas_equal_one_device():
-    single = _model()
+    # `batch_size` is per replica: by default the runs would take 16 and 8.
+    single = _model(batch_size=8)
     single_history = _fit(single, epochs=2, validation_data=_data())
-    mirrored = _model(_strategy(2))
+    mirrored = _model(_strategy(2), batch_size=8)
     mirrored_history = _fit(mirrored, epochs=2, validation_data=_data())
     np.testing.assert_allclose(
         mirrored_history.history["loss"],
@@ -214,7 +218,7 @@ def _conv_model(strategy=None):
         model = keras_thor.convert_to_thor_model(keras.Model(inputs, outputs))
         model.compile(
             optimizer=keras_thor.optimizers.THOR(
-                0.05, 0.05, 0.9, frequency=3, split_dim=8
+                0.05, 0.05, 0.9, frequency=3, split_dim=8, batch_size=8
             ),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             steps_per_execution=2,

@@ -154,3 +154,21 @@ def _plus(gradient, scalar):
             gradient.values + scalar, gradient.indices, gradient.dense_shape
         )
     return gradient + scalar
+
+
+def per_replica_rows(strategy, data):
+    """The leading dimension of the first input in the batch `data` (one
+    replica's part under `strategy`), or `None` for an iterator."""
+    import tensorflow as tf
+
+    if isinstance(data, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+        return None
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+    for value in keras.tree.flatten(x):
+        if isinstance(value, tf.distribute.DistributedValues):
+            value = strategy.experimental_local_results(value)[0]
+        if value is None or not getattr(value, "shape", None):
+            continue
+        rows = value.shape[0]
+        return int(rows if rows is not None else tf.shape(value)[0])
+    return None

@@ -30,7 +30,8 @@ class VariantTrainFunction:
     variant that `fuses` run as one compiled loop, other steps alone. A
     list of batches (Keras's `train_on_batch`) runs one step per batch.
     With one step per execution and `fetches_in_step`, the traced call
-    fetches its batch itself, as Keras's own does.
+    fetches its batch itself, as Keras's own does (unless the subclass
+    `wants_batch`).
 
     The step count is read with `read_step()` at the start of each `fit`
     (`resync`), after a fused run or an end of data, and before every step
@@ -69,6 +70,12 @@ class VariantTrainFunction:
         optimizer may skip steps)."""
         return False
 
+    def wants_batch(self):
+        """Whether the next step's batch should be fetched on the host and
+        handed to `call_variant` (instead of an iterator), e.g. to read its
+        size once."""
+        return False
+
     def steps_covered_from(self, step):
         """How many steps from `step` on may run (per-step arrays)."""
         return float("inf")
@@ -97,7 +104,11 @@ class VariantTrainFunction:
             iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)
         ):
             return self._run_on_batches(iterator)
-        if self.fetches_in_step and self.model.steps_per_execution == 1:
+        if (
+            self.fetches_in_step
+            and self.model.steps_per_execution == 1
+            and not self.wants_batch()
+        ):
             return self._run_one(iterator)
         return self._run_steps(iterator)
 

@@ -9,6 +9,7 @@ from keras_thor.src import keras_internals
 from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.backend.dense import dense
 from keras_thor.src.backend.fusion import fused
+from keras_thor.src.backend.values import numpy_value
 from keras_thor.src.optimizers.batched_update import BatchedUpdate
 from keras_thor.src.optimizers.docstrings import with_base_keyword_args
 from keras_thor.src.optimizers.reference_optimizer import ReferenceOptimizer
@@ -93,7 +94,8 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
     them. A failed factorization falls back to a more damped inverse, and
     non-finite statistics keep the previous inverses; a warning says so
     once. A non-finite preconditioned gradient leaves its variable and
-    momentum unchanged.
+    momentum unchanged; `THOR.skipped_updates` counts the steps where that
+    happened (logged as `thor_skipped_updates`, warned once).
 
     Args:
         learning_rate: A float >= 0, a `LearningRateSchedule`, or a 1-D
@@ -106,10 +108,14 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         loss_scale: Float > 0: the loss is multiplied by it before
             differentiation and the gradients are divided by it (Keras's
             `loss_scale_factor`). Defaults to `1.0`.
-        batch_size: Integer > 0, `N` of the LayerNorm rule, and the
-            per-replica batch assumed when a Dense layer's preconditioning
-            order is chosen (once, when THOR is built). The factors use the
-            actual size of each batch. Defaults to `32`.
+        batch_size: Integer > 0 or `None`: `N` of the LayerNorm rule,
+            and the per-replica batch assumed when a Dense layer's
+            preconditioning order is chosen (once, before the first
+            training step). `None` (the default) takes the per-replica
+            size of the first batch `fit` trains on and keeps it (saved
+            with the optimizer); a given value is used as it is (a warning
+            says when `fit`'s batch differs). The factors use the actual
+            size of each batch.
         use_nesterov: Boolean. Defaults to `False`.
         decay_filter: A callable `variable -> bool` choosing the variables
             that get weight decay. Defaults to all of them (MindSpore's
@@ -142,7 +148,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         momentum,
         weight_decay=0.0,
         loss_scale=1.0,
-        batch_size=32,
+        batch_size=None,
         use_nesterov=False,
         decay_filter=None,
         split_indices=None,
@@ -185,7 +191,8 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         arguments.check_kl_clip_alone(
             kl_clip, clipnorm, clipvalue, global_clipnorm
         )
-        batch_size = validation.check_int("batch_size", batch_size, 1)
+        if batch_size is not None:
+            batch_size = validation.check_int("batch_size", batch_size, 1)
         validation.check_bool("use_nesterov", use_nesterov)
         validation.check_bool("enable_clip_grad", enable_clip_grad)
         arguments.check_decay_filter(decay_filter)
@@ -221,7 +228,10 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         self._damping = damping
         # The learning rate as given (Keras keeps schedules privately).
         self._schedule = learning_rate
-        self.batch_size = batch_size
+        self._given_batch_size = batch_size
+        # The batch size taken from training (`batch_size=None`).
+        self._trained_batch = None
+        self._step_plan = None
         self.momentum = momentum
         self.loss_scale = loss_scale
         self.use_nesterov = use_nesterov
@@ -251,7 +261,8 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         chosen on the held-out seed of the benchmark tasks, one setting for
         all of them (docs/thor.md, "Tuning THOR", gives the measured
         sensitivity). Any argument of `THOR` overrides these, e.g.
-        `THOR.recommended(learning_rate=0.1, batch_size=128)`.
+        `THOR.recommended(learning_rate=0.1, batch_size=128)`; without
+        `batch_size` THOR takes the batch `fit` trains with.
         """
         return cls(**{**cls.RECOMMENDED, **kwargs})
 
@@ -259,6 +270,49 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
     def damping(self):
         """The damping: a float or a schedule of the step."""
         return self._damping
+
+    @property
+    def batch_size(self):
+        """`N`: the `batch_size` given, else the per-replica size of the
+        first batch THOR trained on (kept in the saved state); `None`
+        until that batch is seen."""
+        if self._given_batch_size is not None:
+            return self._given_batch_size
+        return self._trained_batch
+
+    def take_batch_size(self, rows):
+        """Takes `rows`, the per-replica size of the first batch a `fit`
+        trains on (read by THOR's train function before the step runs).
+
+        Without a batch size yet it becomes THOR's; otherwise returns a
+        warning message if it differs from THOR's, else `None`.
+        """
+        rows = int(rows)
+        if self.batch_size is None:
+            self._trained_batch = rows
+            if self.built:
+                self.assign(self._trained_batch_size, rows)
+            return None
+        if rows == self.batch_size:
+            return None
+        if self._given_batch_size is not None:
+            source = f"`THOR(batch_size={self.batch_size})` was given"
+            fix = (
+                "Pass the per-replica batch you train with, or leave "
+                "`batch_size` out to take it from `fit`."
+            )
+        else:
+            source = (
+                f"THOR keeps batch_size={self.batch_size}, the per-replica "
+                "batch it first trained on"
+            )
+            fix = "Compile a new THOR to take the new batch size."
+        return (
+            f"{source}, but this `fit` trains on batches of {rows} "
+            f"examples per replica. THOR uses {self.batch_size}: it is `N` "
+            "of the LayerNorm rule and chooses each Dense layer's "
+            f"preconditioning order. {fix} This warning is shown once."
+        )
 
     def current_damping(self):
         """`λ` of the current step, a float32 scalar."""
@@ -275,7 +329,9 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         kernel), which creates their `A⁻¹` blocks `(groups·n, s, s)` (a
         vector for an Embedding) and `G⁻¹` blocks as identities, and the
         state its options need, in the order its docstring gives; then
-        the `step_plan`.
+        `skipped_updates` and `trained_batch_size` (the batch size taken
+        from training, 0 while unknown). The `step_plan` is made when it
+        is first needed, once the batch size is known.
         """
         if self.built:
             return
@@ -299,13 +355,48 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             self.assign,
             self.assign_add,
         )
-        self._step_plan = StepPlan.for_blocks(
-            blocks,
-            self._variable_index,
-            self.curvature_options,
-            self.batch_size,
-            bool(self.clipnorm or self.clipvalue or self.global_clipnorm),
+        self._skipped_updates = self.add_variable(
+            (), "zeros", "int32", name="skipped_updates"
         )
+        self._trained_batch_size = self.add_variable(
+            (),
+            keras.initializers.Constant(self.batch_size or 0),
+            "int32",
+            name="trained_batch_size",
+        )
+        # Whether this step skipped a variable's update: scratch, reset by
+        # every step, so kept out of the saved state.
+        object.__setattr__(
+            self,
+            "_step_skipped",
+            keras.Variable(
+                0,
+                dtype="int32",
+                trainable=False,
+                aggregation="none",
+                name="step_skipped",
+            ),
+        )
+        self._step_plan = None
+
+    # The variables `build` adds last that files written before them lack.
+    _ADDED_VARIABLES = ("skipped_updates", "trained_batch_size")
+
+    def load_own_variables(self, store):
+        """As Keras's, and a file written before `skipped_updates` and
+        `trained_batch_size` existed loads the rest, those starting at 0
+        and `batch_size`."""
+        added = len(self._ADDED_VARIABLES)
+        if len(store.keys()) == len(self.variables) - added:
+            for i, variable in enumerate(self.variables[:-added]):
+                variable.assign(store[str(i)])
+        else:
+            super().load_own_variables(store)
+        if self._given_batch_size is None and self.built:
+            self._trained_batch = (
+                int(numpy_value(self._trained_batch_size)) or None
+            )
+            self._step_plan = None
 
     def _variable_index(self, variable):
         return keras_internals.variable_index(self, variable)
@@ -331,7 +422,23 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
 
     @property
     def step_plan(self):
-        """The `StepPlan` of THOR's training step; set by `build`."""
+        """The `StepPlan` of THOR's training step, made once THOR is built
+        and its `batch_size` known."""
+        if self._step_plan is None:
+            if self.batch_size is None:
+                raise ValueError(
+                    "THOR's batch size is not known yet: without "
+                    "`batch_size` it is the size of the first batch THOR's "
+                    "train function (`fit`, `train_on_batch`) trains on. "
+                    "Pass `THOR(batch_size=...)` to fix it beforehand."
+                )
+            self._step_plan = StepPlan.for_blocks(
+                self._estimator.blocks,
+                self._variable_index,
+                self.curvature_options,
+                self.batch_size,
+                bool(self.clipnorm or self.clipvalue or self.global_clipnorm),
+            )
         return self._step_plan
 
     @property
@@ -343,6 +450,14 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
     def curvature_troubles(self):
         """How many layer refreshes fell back or kept their old inverses."""
         return self._estimator.curvature_troubles if self.built else 0
+
+    @property
+    def skipped_updates(self):
+        """How many steps skipped the update of at least one variable
+        (its preconditioned gradient was not finite: the variable and its
+        momentum kept their values). Steps a `LossScaleOptimizer` skips
+        are not THOR's and are not counted."""
+        return int(numpy_value(self._skipped_updates)) if self.built else 0
 
     @property
     def skipped_inversions(self):
@@ -375,7 +490,8 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
     def training_logs(self):
         """What THOR is doing, for the step's logs (and so `History` and
         `TensorBoard`): the damping, the number of inverse refreshes so
-        far, the layer refreshes in trouble so far, the last guard
+        far, the steps that skipped a variable's non-finite update so far,
+        the layer refreshes in trouble so far, the last guard
         scale (with `kl_clip`), and the block inversions the trace rule
         skipped so far and the blocks it has stopped (with
         `trace_thresholds`)."""
@@ -383,6 +499,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         return {
             "thor_damping": self.current_damping(),
             "thor_refreshes": ops.floor((steps - 1.0) / self.frequency) + 1.0,
+            "thor_skipped_updates": ops.cast(self._skipped_updates, "float32"),
             **self._estimator.training_logs(),
         }
 
@@ -394,7 +511,15 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
                 "`keras_thor.convert_to_thor_model(model)`, or subclass "
                 "`keras_thor.models.ThorModel` instead of `keras.Model`."
             )
-        return super().apply(grads, trainable_variables)
+        result = super().apply(grads, trainable_variables)
+        # Keras updates the variables one by one under a strategy: their
+        # flags meet in `_step_skipped`; each replica counts its own
+        # (identical) copy.
+        self.assign_add(
+            self._skipped_updates, ops.convert_to_tensor(self._step_skipped)
+        )
+        self.assign(self._step_skipped, 0)
+        return result
 
     def _update_variables(self, grads, variables, learning_rate):
         indices = [
@@ -402,7 +527,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         ]
         velocities = [self._velocities[i] for i in indices]
         inverses = [self._estimator.inverses_of(i) for i in indices]
-        in_step = self._step_plan.preconditioned_in_step
+        in_step = self.step_plan.preconditioned_in_step
         results = _fused_thor_updates(
             list(variables),
             [dense(g) for g in grads],
@@ -421,11 +546,16 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             self.use_nesterov,
             self.enable_clip_grad,
         )
-        for variable, velocity, (new_variable, new_velocity) in zip(
+        for variable, velocity, (new_variable, new_velocity, _) in zip(
             variables, velocities, results
         ):
             self.assign(variable, new_variable)
             self.assign(velocity, new_velocity)
+        skipped = ops.any(ops.stack([result[2] for result in results]))
+        self.assign(
+            self._step_skipped,
+            ops.maximum(self._step_skipped, ops.cast(skipped, "int32")),
+        )
 
     def get_config(self):
         config = super().get_config()
@@ -437,7 +567,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
                 "momentum": self.momentum,
                 "weight_decay": self.weight_decay,
                 "loss_scale": self.loss_scale,
-                "batch_size": self.batch_size,
+                "batch_size": self._given_batch_size,
                 "use_nesterov": self.use_nesterov,
                 "decay_filter": keras.saving.serialize_keras_object(
                     self.decay_filter

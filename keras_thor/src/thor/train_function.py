@@ -6,6 +6,7 @@ import warnings
 import keras
 
 from keras_thor.src.backend.values import numpy_value
+from keras_thor.src.distribute.replicas import per_replica_rows
 from keras_thor.src.distribute.variant_train_function import (
     VariantTrainFunction,
 )
@@ -33,6 +34,14 @@ class ThorTrainFunction(VariantTrainFunction):
     fetches its batch itself, as Keras's own; the step count is read back
     whenever a `LossScaleOptimizer` may skip steps, and the curvature
     troubles after each refresh step.
+
+    The first step it runs fetches its batch on the host: THOR takes that
+    batch's per-replica size as its `batch_size` if it has none, else
+    warns once if they differ. The count of steps with skipped updates is
+    read where the step count or the troubles are read anyway (the start
+    of each `fit`, the end of the data, after refresh steps and fused
+    runs, every step under a `LossScaleOptimizer`), and a warning says
+    once that it grew.
     """
 
     fetches_in_step = True
@@ -41,6 +50,9 @@ class ThorTrainFunction(VariantTrainFunction):
         super().__init__(model)
         self._warned = False
         self._troubles_seen = None
+        self._batch_seen = False
+        self._skips_seen = None
+        self._skips_warned = False
 
     @property
     def _thor(self):
@@ -48,8 +60,54 @@ class ThorTrainFunction(VariantTrainFunction):
 
     def read_step(self):
         thor = self._thor
+        self._check_skips()
         burned_in = thor.estimator.steps_burned_in() if thor.built else 0
         return int(numpy_value(thor.iterations)) + int(numpy_value(burned_in))
+
+    def resync(self):
+        # The start of a `fit` or the end of its data: a host read is due.
+        # (The count seen first is read before the first step, after
+        # `BackupAndRestore` has restored it.)
+        if self._skips_seen is not None:
+            self._check_skips()
+        super().resync()
+
+    def wants_batch(self):
+        return not self._batch_seen
+
+    def _check_skips(self):
+        """Warns once when THOR's count of steps with skipped updates has
+        grown since this function first read it."""
+        thor = self._thor
+        if thor is None:
+            return
+        skips = thor.skipped_updates
+        if self._skips_seen is None:
+            self._skips_seen = skips
+        if skips > self._skips_seen and not self._skips_warned:
+            warnings.warn(
+                f"THOR skipped the update of some weights in "
+                f"{skips - self._skips_seen} training step(s): their "
+                "preconditioned gradient was not finite (NaN or inf in the "
+                "inputs, labels or loss), so those weights and their "
+                "momentum kept their values. The step's logged loss and "
+                "metrics can be NaN; `thor_skipped_updates` in the logs "
+                "counts such steps. This warning is shown once.",
+                stacklevel=2,
+            )
+            self._skips_warned = True
+        self._skips_seen = max(self._skips_seen, skips)
+
+    def _take_batch(self, data):
+        """Hands THOR the per-replica size of `data`, the first batch this
+        function trains on; warns once if THOR's batch size differs."""
+        self._batch_seen = True
+        rows = per_replica_rows(self.model.distribute_strategy, data)
+        if rows is None:
+            return
+        message = self._thor.take_batch_size(rows)
+        if message:
+            warnings.warn(message, stacklevel=5)
 
     def recounts(self):
         return isinstance(
@@ -83,14 +141,18 @@ class ThorTrainFunction(VariantTrainFunction):
         self._thor.refresh_schedule.check_covers(steps)
 
     def call_variant(self, key, function, argument):
-        """Runs the step; after a refresh, warns once if it or the
-        statistics since the last one had trouble (the only host read)."""
+        """Runs the step (the first one hands THOR its batch's size); after
+        a refresh, warns once if it or the statistics since the last one
+        had trouble, or once if updates were skipped (host reads there)."""
         thor = self._thor
+        if not self._batch_seen:
+            self._take_batch(argument)
         if self._troubles_seen is None:
             self._troubles_seen = thor.curvature_troubles
         logs = function(argument)
         if key != REFRESH:
             return logs
+        self._check_skips()
         troubles = thor.curvature_troubles - self._troubles_seen
         self._troubles_seen += troubles
         if troubles and not self._warned:

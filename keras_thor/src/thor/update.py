@@ -54,12 +54,14 @@ def thor_update(
     nesterov,
     clip_gradient,
 ):
-    """One THOR step of one variable; returns `(variable, velocity)`.
+    """One THOR step of one variable; returns `(variable, velocity,
+    skipped)`.
 
     The order is MindSpore's: precondition, `+ weight_decay · w`, optional
     clip by norm 1.0, momentum. The arithmetic is float32. If the
     preconditioned gradient has a non-finite entry, the variable and its
-    velocity are returned unchanged.
+    velocity are returned unchanged and `skipped` (a boolean scalar) is
+    true.
     """
     w = ops.cast(variable, "float32")
     direction = precondition(
@@ -92,7 +94,9 @@ def thor_update(
     def unchanged():
         return ops.copy(variable), ops.copy(velocity)
 
-    return if_finite(is_finite(direction), updated, unchanged)
+    finite = is_finite(direction)
+    new_variable, new_velocity = if_finite(finite, updated, unchanged)
+    return new_variable, new_velocity, ops.logical_not(finite)
 
 
 def thor_updates(
