@@ -90,6 +90,18 @@ def test_skipped_updates_are_counted_logged_warned_and_saved(tmp_path):
     assert loaded.optimizer.skipped_updates == 2
 
 
+def test_a_skip_with_no_refresh_after_it_warns_when_fit_returns():
+    # Arrays give a known step count (no end of data) and no refresh step
+    # follows the NaN batch: the warning comes as `fit` returns.
+    model = _model(_thor(frequency=50))
+    x, y = _data(nan_at=20)
+    with warnings.catch_warnings(record=True) as records:
+        warnings.simplefilter("always")
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    assert model.optimizer.skipped_updates == 1
+    assert len(_messages(records, "skipped the update")) == 1
+
+
 @pytest.mark.multi_device
 def test_skipped_updates_on_two_replicas_are_counted_as_on_one_device():
     x, y = _data(nan_at=20)  # replica 0's share of the second batch

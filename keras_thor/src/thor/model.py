@@ -71,6 +71,14 @@ class ThorTrainer(DistributedTrainer):
             object.__setattr__(self, "_keras_thor_attached", True)
             attach_curvature(self)
 
+    def fit(self, *args, **kwargs):
+        history = super().fit(*args, **kwargs)
+        # Arrays and `steps_per_epoch` never reach an end of data: read
+        # THOR's count of skipped updates once more (one host read).
+        if isinstance(self.train_function, ThorTrainFunction):
+            self.train_function.check_skipped_updates()
+        return history
+
     def make_train_function(self, force=False):
         if thor_optimizer_of(self.optimizer) is None:
             return super().make_train_function(force=force)

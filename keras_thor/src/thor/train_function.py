@@ -40,8 +40,8 @@ class ThorTrainFunction(VariantTrainFunction):
     warns once if they differ. The count of steps with skipped updates is
     read where the step count or the troubles are read anyway (the start
     of each `fit`, the end of the data, after refresh steps and fused
-    runs, every step under a `LossScaleOptimizer`), and a warning says
-    once that it grew.
+    runs, every step under a `LossScaleOptimizer`) and when `fit` returns,
+    and a warning says once that it grew.
     """
 
     fetches_in_step = True
@@ -60,7 +60,7 @@ class ThorTrainFunction(VariantTrainFunction):
 
     def read_step(self):
         thor = self._thor
-        self._check_skips()
+        self.check_skipped_updates()
         burned_in = thor.estimator.steps_burned_in() if thor.built else 0
         return int(numpy_value(thor.iterations)) + int(numpy_value(burned_in))
 
@@ -69,13 +69,13 @@ class ThorTrainFunction(VariantTrainFunction):
         # (The count seen first is read before the first step, after
         # `BackupAndRestore` has restored it.)
         if self._skips_seen is not None:
-            self._check_skips()
+            self.check_skipped_updates()
         super().resync()
 
     def wants_batch(self):
         return not self._batch_seen
 
-    def _check_skips(self):
+    def check_skipped_updates(self):
         """Warns once when THOR's count of steps with skipped updates has
         grown since this function first read it."""
         thor = self._thor
@@ -152,7 +152,7 @@ class ThorTrainFunction(VariantTrainFunction):
         logs = function(argument)
         if key != REFRESH:
             return logs
-        self._check_skips()
+        self.check_skipped_updates()
         troubles = thor.curvature_troubles - self._troubles_seen
         self._troubles_seen += troubles
         if troubles and not self._warned:
