@@ -19,8 +19,10 @@ downloaded):
   pixels over all 4,000 images). Lower is better.
 - (d) `transformer`: one-block transformer classifier on the marker-order
   task (4,000 / 1,000 sequences from one data seed); metric: test accuracy.
+- (e) `mnist_mlp`: the MLP 784-512-512-10 (ReLU) on the MNIST split of
+  (b), images flattened; metric: test accuracy.
 
-Batch 128 for (b)(c)(d), the last batch of an epoch partial. The metric is
+Batch 128 for (b)(c)(d)(e), the last batch of an epoch partial. The metric is
 measured `CHECKS_PER_EPOCH` times an epoch, after evenly spaced steps, with
 the training clock stopped (the clock runs during the training steps
 only). A run ends at the end of its epoch budget, at the target (except in
@@ -65,6 +67,8 @@ for (a) under `results/thor_digits_*`; it rewrites its own files).
 
     python benchmarks/thor_time_to_accuracy.py --phase tune \\
         --optimizers baselines --tasks resnet autoencoder transformer
+    python benchmarks/thor_time_to_accuracy.py --phase tune \\
+        --optimizers baselines --tasks mnist_mlp   # (e), added later
     python benchmarks/thor_time_to_accuracy.py --phase tune --optimizers thor
     python benchmarks/thor_time_to_accuracy.py --phase report
     python benchmarks/thor_time_to_accuracy.py --phase all --tasks digits \\
@@ -131,36 +135,43 @@ LEARNING_RATES = {
         "resnet": (0.1, 0.3, 1.0),
         "autoencoder": (0.001, 0.003, 0.01),
         "transformer": (0.03, 0.1, 0.3),
+        "mnist_mlp": (0.03, 0.1, 0.3),
     },
     ADAMW: {
         "digits": (1e-2, 3e-2, 1e-1),
         "resnet": (3e-3, 1e-2, 3e-2),
         "autoencoder": (3e-4, 1e-3, 3e-3),
         "transformer": (1e-3, 3e-3, 1e-2),
+        "mnist_mlp": (1e-3, 3e-3, 1e-2),
     },
     MUON: {
         "digits": (1e-2, 3e-2, 1e-1),
         "resnet": (3e-3, 1e-2, 3e-2),
         "autoencoder": (3e-3, 1e-2, 3e-2),
         "transformer": (1e-3, 3e-3, 1e-2),
+        "mnist_mlp": (1e-3, 3e-3, 1e-2),
     },
     LION: {
         "digits": (1e-3, 3e-3, 1e-2),
         "resnet": (1e-3, 3e-3, 1e-2),
         "autoencoder": (3e-5, 1e-4, 3e-4),
         "transformer": (1e-3, 3e-3, 1e-2),
+        "mnist_mlp": (1e-4, 3e-4, 1e-3),
     },
     SCHEDULE_FREE: {
         "digits": (1e-2, 3e-2, 1e-1),
         "resnet": (3e-3, 1e-2, 3e-2),
         "autoencoder": (1e-3, 3e-3, 1e-2),
         "transformer": (1e-3, 3e-3, 1e-2),
+        "mnist_mlp": (1e-3, 3e-3, 1e-2),
     },
     THOR_MINDSPORE: dict.fromkeys(
-        ("digits", "resnet", "autoencoder", "transformer"), (0.03, 0.1, 0.3)
+        ("digits", "resnet", "autoencoder", "transformer", "mnist_mlp"),
+        (0.03, 0.1, 0.3),
     ),
     THOR_RECOMMENDED: dict.fromkeys(
-        ("digits", "resnet", "autoencoder", "transformer"), (0.03, 0.1, 0.3)
+        ("digits", "resnet", "autoencoder", "transformer", "mnist_mlp"),
+        (0.03, 0.1, 0.3),
     ),
 }
 
@@ -255,6 +266,15 @@ def _load_autoencoder():
     )
 
 
+def _load_mnist_mlp():
+    x_train, x_test, y_train, y_test = tasks.mnist()  # flat: (n, 784)
+    return (
+        x_train,
+        y_train,
+        lambda model: tasks.test_accuracy(model, None, x_test, y_test),
+    )
+
+
 def _load_transformer():
     x_train, x_test, y_train, y_test = tasks.marker_order()
     return (
@@ -318,9 +338,28 @@ TASKS = {
         loss=LOSS,
         load=_load_transformer,
     ),
+    "mnist_mlp": Task(
+        "mnist_mlp",
+        "e",
+        "MNIST MLP 784-512-512-10",
+        "test accuracy",
+        True,
+        budget=12,
+        cap=60.0,
+        batch=128,
+        build=tasks.mnist_mlp,
+        loss=LOSS,
+        load=_load_mnist_mlp,
+    ),
 }
-MAIN_TASKS = ("resnet", "autoencoder", "transformer")
-QUICK_BUDGETS = {"digits": 4, "resnet": 2, "autoencoder": 2, "transformer": 2}
+MAIN_TASKS = ("resnet", "autoencoder", "transformer", "mnist_mlp")
+QUICK_BUDGETS = {
+    "digits": 4,
+    "resnet": 2,
+    "autoencoder": 2,
+    "transformer": 2,
+    "mnist_mlp": 2,
+}
 
 # The digits models of the superseded protocol, which benchmark 2
 # (`thor_step_cost.py`) still measures.
