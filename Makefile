@@ -58,3 +58,18 @@ benchmark: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) results
+
+# The benchmarks-only virtualenv of benchmarks/kfac_jax_side_by_side.py
+# (kfac-jax 0.0.8 on JAX 0.9.0, from benchmarks/requirements-kfac-jax.txt);
+# never a dependency of keras_thor. Its data come from the main venv:
+# `$(PY) benchmarks/kfac_jax_side_by_side.py --export` first.
+KFAC_VENV ?= .venv-kfac
+
+$(KFAC_VENV)/.installed: benchmarks/requirements-kfac-jax.txt
+	$(PYTHON) -m venv $(KFAC_VENV)
+	$(KFAC_VENV)/bin/python -m pip install -q --upgrade pip
+	$(KFAC_VENV)/bin/python -m pip install -q -r $<
+	touch $@
+
+.PHONY: kfac-jax-venv
+kfac-jax-venv: $(KFAC_VENV)/.installed

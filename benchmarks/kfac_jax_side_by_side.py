@@ -1,0 +1,819 @@
+"""kfac-jax side by side with THOR benchmark 1, in the same run (issue 24).
+
+kfac-jax 0.0.8 (fixed mode, its README's advice for stochastic training)
+trains a task of `thor_time_to_accuracy.py` from the same data, the same
+initial weights (exported from the Keras model the benchmark builds) and
+the same batches, and is measured the same way: the metric
+`checks_per_epoch` times an epoch (the task's value in the protocol file)
+with the clock stopped, epochs and seconds to the protocol's stored target,
+and separately the seconds of XLA compilation.
+
+Two halves in two virtualenvs (kfac-jax never becomes a dependency of
+keras_thor):
+
+1. `--export`, in the main `.venv`: for each task and seed, builds the
+   Keras model exactly as benchmark 1 does (`set_random_seed(seed)`, then
+   the task's build) and writes `results/kfac_jax/<task>_data.npz` (the
+   arrays as benchmark 1 loads them) and `<task>_seed<seed>.npz` (the
+   initial weights, the layer activations, one permutation of the training
+   set per epoch, the Keras model's metric, loss and logits at the initial
+   weights for the cross-check).
+2. `--run`, `--grid`, `--report`, in `.venv-kfac` (`make kfac-jax-venv`,
+   from `benchmarks/requirements-kfac-jax.txt`): the same Dense stack as
+   plain JAX functions (kfac-jax's graph matcher registers each
+   `x @ w + b`), checked against the Keras numbers before training.
+
+The shuffles are explicit: epoch e takes `permutations(seed, n, epochs)[e]`
+(NumPy, from the seed), batches of `batch` in that order, the last one
+partial, as Keras's `fit` batches. Keras's own `fit(shuffle=True)` draws
+other orders: THOR's side-by-side run must take these permutations (fit
+one epoch at a time on `x[order]` with `shuffle=False`, or a generator;
+`permutations` needs NumPy only).
+
+kfac-jax's settings: `use_adaptive_learning_rate`, `use_adaptive_momentum`
+and `use_adaptive_damping` False, learning rate lr, momentum 0.9, damping
+lambda (constants passed to each step), its defaults `curvature_ema=0.95`,
+`curvature_update_period=1`, `inverse_update_period=5`,
+`num_burnin_steps=10`, `estimation_mode` None (its estimator's default
+`ggn_curvature_prop`), `norm_constraint=None`, `l2_reg=0`. The 10 burn-in
+batches update the curvature only and count as data seen: they are the
+first 10 batches of epoch 0, and their compute runs on the clock (a check
+that falls among them sees the initial weights).
+
+Seconds: the clock runs over each `step` call (batch fetch included) up
+to its result, as benchmark 1's clock runs over Keras's train step.
+Compilation (tracing, graph matching, XLA) is timed apart, once per task
+and process, since lr, momentum and damping are arguments of the compiled
+step: the first step (with its burn-in) and a partial-batch step, cold
+less warm. Columns: `s` training seconds to the target, `s+compile` the
+same plus the compile seconds, `s/epoch` the steady training seconds an
+epoch (burn-in included).
+
+Grid (`GRIDS`): damping lambda x lr / lambda on seed 0, each point stopped
+at the target; best point = fewest epochs to the target, ties less time
+(`select`, as benchmark 1's `select`, which needs Keras to import;
+closest final metric if no point reaches it); `--report` runs it on seeds
+1-3. `--quick`: the middle grid point, 2 epochs, one report seed, files
+`results/quick_kfac_jax_side_by_side_*`.
+
+    .venv/bin/python benchmarks/kfac_jax_side_by_side.py --export \\
+        --tasks autoencoder mnist_mlp
+    make kfac-jax-venv
+    .venv-kfac/bin/python benchmarks/kfac_jax_side_by_side.py --run \\
+        --tasks autoencoder --damping 1 --lr 0.01 --epochs 2   # a point
+    .venv-kfac/bin/python benchmarks/kfac_jax_side_by_side.py --grid \\
+        --tasks autoencoder mnist_mlp
+    .venv-kfac/bin/python benchmarks/kfac_jax_side_by_side.py --report \\
+        --tasks autoencoder mnist_mlp
+"""
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import sys
+import time
+import warnings
+
+import numpy as np
+
+HERE = pathlib.Path(__file__).resolve().parent
+EXPORT_DIR = HERE.parent / "results" / "kfac_jax"
+PREFIX = HERE.parent / "results" / "kfac_jax_side_by_side"
+
+TUNE_SEED = 0
+REPORT_SEEDS = (1, 2, 3)
+SEEDS = (TUNE_SEED, *REPORT_SEEDS)
+TASK_NAMES = ("autoencoder", "mnist_mlp")
+
+# kfac-jax's fixed mode with its library defaults.
+MOMENTUM = 0.9
+CURVATURE_EMA = 0.95
+INVERSE_UPDATE_PERIOD = 5
+BURNIN_STEPS = 10
+
+# Damping lambda x lr / lambda. The autoencoder's loss is summed over the
+# 784 pixels (its curvature and gradients ~784x those of a mean), the MLP's
+# is a mean over the batch: kfac-jax scales the damping with the objective.
+GRIDS = {
+    "autoencoder": dict(damping=(0.1, 1.0, 10.0), ratio=(0.003, 0.01, 0.03)),
+    "mnist_mlp": dict(damping=(1e-4, 1e-3, 1e-2), ratio=(0.3, 1.0, 3.0)),
+}
+
+# The stream of the per-epoch permutations (NumPy, independent of Keras's
+# and TF's random state).
+PERMUTATION_STREAM = 24
+
+
+def permutations(seed, count, epochs):
+    """`epochs` permutations of `range(count)`, one per epoch, from `seed`
+    (the shuffles both sides of the comparison take)."""
+    rng = np.random.default_rng([PERMUTATION_STREAM, seed])
+    return np.stack([rng.permutation(count) for _ in range(epochs)]).astype(
+        np.int32
+    )
+
+
+def _say(text):
+    print(text, flush=True)
+
+
+def _paths(task, seed):
+    return (
+        EXPORT_DIR / f"{task}_data.npz",
+        EXPORT_DIR / f"{task}_seed{seed}.npz",
+    )
+
+
+# ---------------------------------------------------------------------------
+# Export (main .venv: Keras, TensorFlow, keras_thor)
+
+
+def _eval_arrays(name, tasks):
+    """(x, y) of the task's metric, as benchmark 1's loader measures it."""
+    x_train, x_test, _, y_test = tasks.mnist()
+    if name == "autoencoder":
+        return x_train, x_train
+    return x_test, y_test
+
+
+def export(names, seeds):
+    """Writes each task's data and each seed's weights and shuffles."""
+    import keras
+    import tasks
+    import thor_time_to_accuracy as bench
+
+    protocol = json.loads(bench.RECORDED_PROTOCOL.read_text())
+    EXPORT_DIR.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        if name not in bench.TASKS:
+            _say(f"{name}: not a task of thor_time_to_accuracy.py (yet)")
+            continue
+        task = bench.TASKS[name]
+        x_train, y_train, evaluate = task.load()
+        x_eval, y_eval = _eval_arrays(name, tasks)
+        if not np.array_equal(x_train, tasks.mnist()[0]):
+            raise RuntimeError(f"{name}: training images are not mnist()'s")
+        stored = protocol.get(name, {})
+        sigmoid = task.loss is tasks.sigmoid_cross_entropy
+        meta = dict(
+            task=name,
+            title=task.title,
+            metric=task.metric,
+            higher_is_better=task.higher_is_better,
+            batch=task.batch,
+            budget=task.budget,
+            checks_per_epoch=stored.get(
+                "checks_per_epoch", bench.CHECKS_PER_EPOCH
+            ),
+            target=stored.get("target"),
+            loss="sigmoid_sum" if sigmoid else "softmax_mean",
+            keras=keras.__version__,
+        )
+        data_path, _ = _paths(name, 0)
+        arrays = dict(x_train=x_train, x_eval=x_eval, y_eval=y_eval)
+        if not sigmoid:
+            arrays["y_train"] = y_train
+        np.savez(data_path, meta=json.dumps(meta), **arrays)
+        _say(f"wrote {data_path}: {meta}")
+        for seed in seeds:
+            keras.utils.set_random_seed(seed)
+            model = task.build()
+            layers = [
+                layer
+                for layer in model.layers
+                if not isinstance(layer, keras.layers.InputLayer)
+            ]
+            if not all(isinstance(la, keras.layers.Dense) for la in layers):
+                raise RuntimeError(f"{name}: not a stack of Dense layers")
+            activations = [la.get_config()["activation"] for la in layers]
+            weights = model.get_weights()
+            order = permutations(seed, len(x_train), 1)[0][: task.batch]
+            first, targets = x_train[order], y_train[order]
+            logits = model(first, training=False)
+            loss = keras.ops.mean(task.loss(targets, logits))
+            check = dict(
+                metric=float(evaluate(model)),
+                loss=float(keras.ops.convert_to_numpy(loss)),
+                logits=keras.ops.convert_to_numpy(model(x_eval[:16])),
+            )
+            tasks.release(model)
+            _, seed_path = _paths(name, seed)
+            np.savez(
+                seed_path,
+                activations=np.array(activations),
+                permutations=permutations(seed, len(x_train), task.budget),
+                check_metric=check["metric"],
+                check_loss=check["loss"],
+                check_logits=check["logits"],
+                **{f"weight{i}": w for i, w in enumerate(weights)},
+            )
+            _say(
+                f"wrote {seed_path}: {len(layers)} Dense layers "
+                f"({', '.join(activations)}), initial {task.metric} "
+                f"{check['metric']:.6g}, first-batch loss {check['loss']:.6g}"
+            )
+
+
+# ---------------------------------------------------------------------------
+# kfac-jax (.venv-kfac: JAX 0.9.0, kfac-jax 0.0.8)
+
+
+def load(name, seed):
+    """(meta, arrays, weights, activations, permutations, check)."""
+    data_path, seed_path = _paths(name, seed)
+    for path in (data_path, seed_path):
+        if not path.exists():
+            sys.exit(
+                f"{path} is missing: run `.venv/bin/python {__file__} "
+                f"--export --tasks {name}` in the main virtualenv first"
+            )
+    data = np.load(data_path)
+    meta = json.loads(str(data["meta"]))
+    arrays = {k: data[k] for k in data.files if k != "meta"}
+    if "y_train" not in arrays:
+        arrays["y_train"] = arrays["x_train"]
+    per_seed = np.load(seed_path)
+    count = len([k for k in per_seed.files if k.startswith("weight")])
+    weights = [per_seed[f"weight{i}"] for i in range(count)]
+    check = dict(
+        metric=float(per_seed["check_metric"]),
+        loss=float(per_seed["check_loss"]),
+        logits=per_seed["check_logits"],
+    )
+    return (
+        meta,
+        arrays,
+        weights,
+        [str(a) for a in per_seed["activations"]],
+        per_seed["permutations"],
+        check,
+    )
+
+
+class Model:
+    """The task's Dense stack and loss as plain JAX functions."""
+
+    def __init__(self, meta, activations):
+        import jax
+        import jax.numpy as jnp
+        import kfac_jax
+
+        functions = dict(relu=jax.nn.relu, tanh=jnp.tanh, linear=lambda x: x)
+        for activation in activations:
+            if activation not in functions:
+                raise ValueError(f"activation {activation!r} not supported")
+        self.activations = [functions[a] for a in activations]
+        self.sigmoid = meta["loss"] == "sigmoid_sum"
+
+        def logits(params, x):
+            for (w, b), activation in zip(params, self.activations):
+                x = activation(x @ w + b)
+            return x
+
+        def loss(params, batch):
+            x, y = batch
+            out = logits(params, x)
+            if self.sigmoid:
+                # tasks.sigmoid_cross_entropy: summed over the pixels, the
+                # mean over the batch (kfac-jax's registration: the same).
+                kfac_jax.register_sigmoid_cross_entropy_loss(out, y)
+                y = y.astype(out.dtype)
+                each = jnp.maximum(out, 0.0) - out * y
+                each = each + jnp.log1p(jnp.exp(-jnp.abs(out)))
+                return jnp.mean(jnp.sum(each, axis=-1))
+            # Keras's SparseCategoricalCrossentropy(from_logits=True).
+            kfac_jax.register_softmax_cross_entropy_loss(out, y)
+            log_p = jax.nn.log_softmax(out)
+            picked = jnp.take_along_axis(log_p, y[:, None], axis=1)
+            return -jnp.mean(picked)
+
+        self.logits = logits
+        self.loss = loss
+        self.forward = jax.jit(logits)
+        self.batch_loss = jax.jit(loss)
+
+    def predict(self, params, x, batch=1000):
+        return np.concatenate(
+            [
+                np.asarray(self.forward(params, x[i : i + batch]))
+                for i in range(0, len(x), batch)
+            ]
+        )
+
+    def metric(self, params, x_eval, y_eval):
+        """tasks.reconstruction_error or tasks.test_accuracy."""
+        logits = self.predict(params, x_eval)
+        if self.sigmoid:
+            sigmoid = 0.5 * (1.0 + np.tanh(0.5 * logits))
+            return float(np.mean(np.square(sigmoid - x_eval)))
+        if not np.all(np.isfinite(logits)):
+            return float("nan")
+        return float(np.mean(np.argmax(logits, axis=1) == y_eval))
+
+
+def reaches(meta, value, target):
+    if target is None or not math.isfinite(value):
+        return False
+    return value >= target if meta["higher_is_better"] else value <= target
+
+
+def reached(meta, record):
+    """(epochs, seconds) at the first check at the target, or None
+    (thor_time_to_accuracy.reached)."""
+    for e, s, m in zip(record["epochs"], record["seconds"], record["metrics"]):
+        if reaches(meta, m, record["target"]):
+            return e, s
+    return None
+
+
+def select(meta, records):
+    """The point with the fewest epochs to the target (ties: less time),
+    else the closest one (best final metric), as benchmark 1's `select`."""
+    candidates, closest = [], None
+    for record in records:
+        got = reached(meta, record)
+        if got:
+            candidates.append((got, record["point"]))
+        final = (
+            record["metrics"][-1]
+            if record["metrics"] and not record["diverged"]
+            else float("nan")
+        )
+        if math.isfinite(final) and (
+            closest is None or (final > closest[0]) == meta["higher_is_better"]
+        ):
+            closest = (final, record["point"])
+    if candidates:
+        (epochs, seconds), point = min(candidates, key=lambda c: c[0])
+        return dict(point=point, epochs=epochs, seconds=seconds, reached=True)
+    point = closest[1] if closest else None
+    return dict(point=point, epochs=None, seconds=None, reached=False)
+
+
+# Per task, for the process: the JAX model (its jitted forward pass) and
+# the compiled kfac-jax optimizer with its compile seconds.
+_MODELS, _COMPILED = {}, {}
+
+
+def _copy(tree):
+    import jax
+    import jax.numpy as jnp
+
+    return jax.tree.map(jnp.copy, tree)
+
+
+def run(name, seed, damping, lr, epochs=None, stop=True):
+    """One grid point on one seed; returns a JSON-ready record."""
+    import jax
+    import jax.numpy as jnp
+    import kfac_jax
+
+    warnings.filterwarnings("ignore", message=".*donated buffers.*")
+    meta, arrays, weights, activations, orders, check = load(name, seed)
+    x_train, y_train = arrays["x_train"], arrays["y_train"]
+    x_eval, y_eval = arrays["x_eval"], arrays["y_eval"]
+    batch = meta["batch"]
+    budget = epochs or meta["budget"]
+    if budget > len(orders):
+        raise ValueError(f"{budget} epochs, {len(orders)} permutations stored")
+    steps = -(-len(x_train) // batch)
+    checks = meta["checks_per_epoch"]
+    check_after = sorted(
+        {int(math.ceil(steps * (i + 1) / checks)) for i in range(checks)}
+    )
+    target = meta["target"] if stop else None
+    record = dict(
+        task=name,
+        optimizer="kfac-jax",
+        point=dict(damping=damping, lr=lr),
+        seed=seed,
+        target=meta["target"],
+        budget=budget,
+        epochs=[],
+        seconds=[],
+        losses=[],
+        metrics=[],
+        diverged=False,
+        error=None,
+        jax=jax.__version__,
+        kfac_jax=kfac_jax.__version__,
+    )
+    start = time.perf_counter()
+    if name not in _MODELS:
+        _MODELS[name] = Model(meta, activations)
+    model = _MODELS[name]
+    params0 = [(weights[i], weights[i + 1]) for i in range(0, len(weights), 2)]
+
+    # The cross-check against the Keras model at the initial weights.
+    jparams = jax.tree.map(jnp.asarray, params0)
+    metric0 = model.metric(jparams, x_eval, y_eval)
+    logits0 = model.predict(jparams, x_eval[:16])
+    first = orders[0][:batch]
+    loss0 = float(model.batch_loss(jparams, (x_train[first], y_train[first])))
+    record["initial"] = dict(
+        metric=metric0, keras_metric=check["metric"], loss=loss0
+    )
+    scale = max(1.0, float(np.max(np.abs(check["logits"]))))
+    if not (
+        np.allclose(logits0, check["logits"], rtol=1e-4, atol=1e-4 * scale)
+        and math.isclose(loss0, check["loss"], rel_tol=1e-4)
+        and math.isclose(metric0, check["metric"], rel_tol=1e-4, abs_tol=1e-6)
+    ):
+        raise RuntimeError(
+            f"{name} seed {seed}: the JAX model differs from Keras's at the "
+            f"initial weights: metric {metric0} vs {check['metric']}, loss "
+            f"{loss0} vs {check['loss']}, logits max difference "
+            f"{np.max(np.abs(logits0 - check['logits'])):.3g}"
+        )
+
+    def batches():
+        """Every batch of the budget in order, last of an epoch partial."""
+        for order in orders[:budget]:
+            for i in range(0, len(order), batch):
+                index = order[i : i + batch]
+                yield x_train[index], y_train[index]
+
+    hyper = dict(
+        learning_rate=jnp.asarray(lr, jnp.float32),
+        momentum=jnp.asarray(MOMENTUM, jnp.float32),
+        damping=jnp.asarray(damping, jnp.float32),
+    )
+    rng = jax.random.PRNGKey(seed)
+    rng, init_rng = jax.random.split(rng)
+    x_full = x_train[orders[0][:batch]], y_train[orders[0][:batch]]
+    remainder = len(x_train) % batch
+    tail = orders[0][len(x_train) - remainder :] if remainder else None
+
+    def warm_steps(state):
+        """Step 0 with its burn-in and a partial-batch step, on copies."""
+        params = _copy(jparams)
+        state = optimizer.copy_obj(state)
+        stream = iter([x_full] * (BURNIN_STEPS + 1))
+        params, state, _ = optimizer.step(
+            params, state, rng, data_iterator=stream, global_step_int=0, **hyper
+        )
+        if tail is not None:
+            params, state, _ = optimizer.step(
+                params,
+                state,
+                rng,
+                batch=(x_train[tail], y_train[tail]),
+                global_step_int=1,
+                **hyper,
+            )
+        jax.block_until_ready(params)
+
+    if name in _COMPILED:
+        optimizer, compile_seconds = _COMPILED[name]
+        state = optimizer.init(jparams, init_rng, x_full)
+        record["compiled_here"] = False
+    else:
+        # lr, momentum and damping are arguments of the compiled step:
+        # one optimizer serves every grid point and seed of a task.
+        optimizer = kfac_jax.Optimizer(
+            value_and_grad_func=jax.value_and_grad(model.loss),
+            l2_reg=0.0,
+            use_adaptive_learning_rate=False,
+            use_adaptive_momentum=False,
+            use_adaptive_damping=False,
+            curvature_ema=CURVATURE_EMA,
+            inverse_update_period=INVERSE_UPDATE_PERIOD,
+            num_burnin_steps=BURNIN_STEPS,
+            multi_device=False,
+        )
+        # Compilation (tracing, graph matching, XLA): the first calls less
+        # the same calls once compiled.
+        cold = time.perf_counter()
+        state = optimizer.init(jparams, init_rng, x_full)
+        jax.block_until_ready(state)
+        warm_steps(state)
+        cold = time.perf_counter() - cold
+        warm = time.perf_counter()
+        warm_steps(state)
+        compile_seconds = cold - (time.perf_counter() - warm)
+        _COMPILED[name] = optimizer, compile_seconds
+        record["compiled_here"] = True
+    record["compile_seconds"] = compile_seconds
+
+    params = jparams
+    consumed = [0]  # batches drawn, burn-in included (data seen)
+
+    def counted():
+        for item in batches():
+            consumed[0] += 1
+            yield item
+
+    data = counted()
+    # The global batch counts after which the metric is measured.
+    boundaries = [e * steps + b for e in range(budget) for b in check_after]
+    pending, step, elapsed, checking = 0, 0, 0.0, 0.0
+    epoch, epoch_loss, epoch_rows = 0, 0.0, 0  # the loss as Keras logs it
+    try:
+        while pending < len(boundaries):
+            rng, key = jax.random.split(rng)
+            tick = time.perf_counter()
+            if step == 0:  # draws the burn-in batches, then its own
+                feed = dict(data_iterator=data)
+            else:
+                feed = dict(batch=next(data))
+            params, state, stats = optimizer.step(
+                params, state, key, global_step_int=step, **feed, **hyper
+            )
+            loss = float(stats["loss"])  # waits for the step
+            jax.block_until_ready(params)
+            elapsed += time.perf_counter() - tick
+            step += 1
+            if (consumed[0] - 1) // steps != epoch:
+                epoch, epoch_loss, epoch_rows = epoch + 1, 0.0, 0
+            rows = int(stats["batch_size"])
+            epoch_loss += loss * rows
+            epoch_rows += rows
+            if not math.isfinite(loss):
+                record["diverged"] = True
+                break
+            # The checks this step crossed; during the burn-in (the first
+            # call) the weights were the initial ones.
+            while pending < len(boundaries):
+                at = boundaries[pending]
+                if at > consumed[0]:
+                    break
+                pending += 1
+                if step == 1 and at <= BURNIN_STEPS:
+                    value = metric0
+                elif not all(
+                    bool(jnp.all(jnp.isfinite(p)))
+                    for p in jax.tree.leaves(params)
+                ):
+                    record["diverged"] = True
+                    break
+                else:
+                    tock = time.perf_counter()
+                    value = model.metric(params, x_eval, y_eval)
+                    checking += time.perf_counter() - tock
+                record["epochs"].append(at / steps)
+                record["seconds"].append(elapsed)
+                record["losses"].append(epoch_loss / max(epoch_rows, 1))
+                record["metrics"].append(value)
+            if record["diverged"] or (
+                record["metrics"]
+                and reaches(meta, record["metrics"][-1], target)
+            ):
+                break
+    except Exception as error:  # noqa: BLE001  (a failed point: recorded)
+        import traceback
+
+        traceback.print_exc()
+        record["error"] = f"{type(error).__name__}: {error}"
+    record["steps"] = step
+    record["batches"] = consumed[0]
+    record["epochs_done"] = consumed[0] / steps
+    record["train_seconds"] = elapsed
+    record["check_seconds"] = checking
+    got = reached(meta, record)
+    record["to_target"] = (
+        dict(
+            epochs=got[0],
+            seconds=got[1],
+            seconds_with_compile=got[1] + record["compile_seconds"],
+        )
+        if got
+        else None
+    )
+    record["wall_seconds"] = time.perf_counter() - start
+    return record
+
+
+# ---------------------------------------------------------------------------
+# Tables, files and the command line
+
+
+def _fmt(value, digits=3):
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value:.{digits}g}"
+
+
+HEADER = (
+    f"{'task':<12} {'seed':>4} {'damping':>8} {'lr':>8} {'epochs':>7} "
+    f"{'s':>7} {'s+compile':>9} {'compile':>7} {'s/epoch':>7} "
+    f"{'best':>9} {'last':>9}  note"
+)
+
+
+def row(meta, record):
+    got = record["to_target"] or {}
+    values = [m for m in record["metrics"] if math.isfinite(m)]
+    best = (
+        (max if meta["higher_is_better"] else min)(values) if values else None
+    )
+    done = record["epochs_done"]
+    per_epoch = record["train_seconds"] / done if done else None
+    note = ""
+    if record["error"]:
+        note = f"failed: {record['error']}"
+    elif record["diverged"]:
+        note = "diverged"
+    elif record["target"] is None:
+        note = "no stored target"
+    elif not got:
+        note = "target not reached"
+    return (
+        f"{record['task']:<12} {record['seed']:>4} "
+        f"{record['point']['damping']:>8g} {record['point']['lr']:>8g} "
+        f"{_fmt(got.get('epochs')):>7} {_fmt(got.get('seconds')):>7} "
+        f"{_fmt(got.get('seconds_with_compile')):>9} "
+        f"{_fmt(record['compile_seconds']):>7} {_fmt(per_epoch):>7} "
+        f"{_fmt(best, 4):>9} "
+        f"{_fmt(values[-1] if values else None, 4):>9}  {note}"
+    )
+
+
+def _write(path, content):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(_plain(content), indent=1))
+    tmp.replace(path)
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (np.floating, np.integer)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _read(path):
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _meta(name):
+    return json.loads(str(np.load(_paths(name, 0)[0])["meta"]))
+
+
+def _one(name, seed, point, epochs, stop, log):
+    meta = _meta(name)
+    record = run(name, seed, point["damping"], point["lr"], epochs, stop)
+    _say(row(meta, record))
+    if log:
+        for e, s, loss, m in zip(
+            record["epochs"],
+            record["seconds"],
+            record["losses"],
+            record["metrics"],
+        ):
+            _say(
+                f"    epoch {e:5.2f}  {s:7.2f} s  loss {loss:9.4f}  "
+                f"{meta['metric']} {m:.5g}"
+            )
+    return meta, record
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[1:]),
+    )
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--export", action="store_true")
+    mode.add_argument(
+        "--run", action="store_true", help="the points --damping x --lr"
+    )
+    mode.add_argument("--grid", action="store_true")
+    mode.add_argument("--report", action="store_true")
+    parser.add_argument("--tasks", nargs="+", default=list(TASK_NAMES))
+    parser.add_argument("--seeds", nargs="+", type=int, default=None)
+    parser.add_argument(
+        "--damping", nargs="+", type=float, default=[1.0], help="--run"
+    )
+    parser.add_argument(
+        "--lr", nargs="+", type=float, default=[0.01], help="--run"
+    )
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="budget (default the task's)"
+    )
+    parser.add_argument(
+        "--no-stop",
+        action="store_true",
+        help="--run: train the whole budget past the target",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: the middle grid point only, 2 epochs (unless "
+        "--epochs), one report seed, files results/quick_kfac_jax_*",
+    )
+    args = parser.parse_args()
+    prefix = PREFIX
+    if args.quick:
+        prefix = PREFIX.with_name("quick_" + PREFIX.name)
+        args.epochs = args.epochs or 2
+    if args.export:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+        sys.path.insert(0, str(HERE))
+        export(args.tasks, args.seeds or SEEDS)
+        return
+    import jax
+    import kfac_jax
+
+    _say(
+        f"jax {jax.__version__}, kfac-jax {kfac_jax.__version__}, "
+        f"{os.cpu_count()} CPUs; momentum {MOMENTUM}, curvature EMA "
+        f"{CURVATURE_EMA}, inverses every {INVERSE_UPDATE_PERIOD} steps, "
+        f"{BURNIN_STEPS} burn-in batches (counted as data seen)"
+    )
+    if args.run:
+        path = pathlib.Path(f"{prefix}_run.json")
+        out = _read(path)
+        for name in args.tasks:
+            _say(HEADER)
+            out[name] = [
+                _one(
+                    name,
+                    seed,
+                    dict(damping=damping, lr=lr),
+                    args.epochs,
+                    not args.no_stop,
+                    True,
+                )[1]
+                for seed in args.seeds or (TUNE_SEED,)
+                for damping in args.damping
+                for lr in args.lr
+            ]
+        _write(path, out)
+        _say(f"wrote {path}")
+        return
+    grid_path = pathlib.Path(f"{prefix}_grid.json")
+    if args.grid:
+        results = _read(grid_path)
+        for name in args.tasks:
+            grid = GRIDS[name]
+            if args.quick:
+                grid = {
+                    k: v[len(v) // 2 : len(v) // 2 + 1] for k, v in grid.items()
+                }
+            _say(HEADER)
+            records = []
+            for damping in grid["damping"]:
+                for ratio in grid["ratio"]:
+                    point = dict(damping=damping, lr=damping * ratio)
+                    meta, record = _one(
+                        name, TUNE_SEED, point, args.epochs, True, False
+                    )
+                    record["point"]["ratio"] = ratio
+                    records.append(record)
+            best = select(meta, records)
+            _say(f"[{name}] best point on seed {TUNE_SEED}: {best}")
+            results[name] = dict(
+                best=best,
+                grid=grid,
+                target=meta["target"],
+                runs=records,
+                written=time.strftime("%Y-%m-%d %H:%M:%S"),
+            )
+            _write(grid_path, results)
+        _say(f"wrote {grid_path}")
+        return
+    report_path = pathlib.Path(f"{prefix}_report.json")
+    results = _read(report_path)
+    for name in args.tasks:
+        tuned = _read(grid_path).get(name)
+        if not tuned or not tuned["best"]["point"]:
+            sys.exit(f"{name}: no grid result in {grid_path}: run --grid")
+        point = tuned["best"]["point"]
+        _say(HEADER)
+        records = [
+            _one(name, seed, point, args.epochs, True, False)[1]
+            for seed in args.seeds or REPORT_SEEDS[: 1 if args.quick else 3]
+        ]
+        got = [r["to_target"] or {} for r in records]
+
+        def median(key, got=got):
+            return float(np.median([g.get(key, math.inf) for g in got]))
+
+        summary = dict(
+            point=point,
+            reached_on_tune_seed=tuned["best"]["reached"],
+            median_epochs=median("epochs"),
+            median_seconds=median("seconds"),
+            median_seconds_with_compile=median("seconds_with_compile"),
+            median_compile_seconds=float(
+                np.median([r["compile_seconds"] for r in records])
+            ),
+        )
+        _say(f"[{name}] kfac-jax medians: {summary}")
+        results[name] = dict(summary, runs=records)
+        _write(report_path, results)
+    _say(f"wrote {report_path}")
+
+
+if __name__ == "__main__":
+    main()
