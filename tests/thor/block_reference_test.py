@@ -344,7 +344,8 @@ def test_embedding_uses_the_diagonal_input_factor():
 
 def test_layer_normalization_uses_the_diagonal_rule():
     """`g / (g² / batch_size + √λ)` for gamma and beta, `batch_size` 32
-    (THOR's argument, not the batch); the Dense after it as Dense."""
+    (THOR's argument when given, not the batch); the Dense after it as
+    Dense."""
     rng = np.random.default_rng(7)
     x = _data(rng, (N, 5))
     model = keras_thor.models.ThorSequential(
@@ -372,7 +373,8 @@ def test_layer_normalization_uses_the_diagonal_rule():
     [new_kernel] = ref.grouped_step(
         [normalized_out], [kernel], dz, N, 1.0, HYPER
     )
-    _fit(model, x, y)
+    with pytest.warns(UserWarning, match="batch_size=32"):
+        _fit(model, x, y, batch_size=32)
     for variable, before, gradient in (
         (norm.gamma, gamma, gamma_grad),
         (norm.beta, beta, beta_grad),
