@@ -66,8 +66,6 @@ def main():
         for index, (label, _) in enumerate(RUNGS):
             options = rung_options(index)
 
-            # `run` builds its optimizer with `make_optimizer`; each rung
-            # supplies its own THOR there.
             def make(_name, _point, task, _steps, options=options):
                 return keras_thor.optimizers.THOR(
                     learning_rate=args.lr,
@@ -77,10 +75,16 @@ def main():
                     **options,
                 )
 
-            bench.make_optimizer = make
             point = {"lr": args.lr, "schedule": "constant", "at": None}
             record = bench.run(
-                task, data, bench.THOR_RECOMMENDED, point, 0, target, True
+                task,
+                data,
+                bench.THOR_RECOMMENDED,
+                point,
+                0,
+                target,
+                True,
+                make=make,
             )
             reached = bench.outcome(task, record)
             metrics = record["metrics"]["y"]

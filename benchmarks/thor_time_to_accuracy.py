@@ -658,7 +658,7 @@ def _restore(model, state):
         variable.assign(value)
 
 
-def run(task, data, name, point, seed, target, stop, points=None):
+def run(task, data, name, point, seed, target, stop, points=None, make=None):
     """One grid point on one seed: a warm-up, a reset, the timed run.
 
     Every optimizer starts from the seed's initial weights (the model is
@@ -666,7 +666,8 @@ def run(task, data, name, point, seed, target, stop, points=None):
     `convert_to_thor_model` of it, same weights) with its functions
     already traced, and sees the same shuffles. `stop`: stop at the target
     (else the whole budget). `points`: the evaluation points to measure
-    (ScheduleFreeAdamW: "y" and/or "x"; default the point's own). Never
+    (ScheduleFreeAdamW: "y" and/or "x"; default the point's own). `make`:
+    `(name, point, task, steps) -> optimizer`, default `make_optimizer`. Never
     raises: an error is recorded and counts as not reaching the target.
     Returns a JSON-ready record.
     """
@@ -695,7 +696,8 @@ def run(task, data, name, point, seed, target, stop, points=None):
         if name in THORS:
             model = keras_thor.convert_to_thor_model(model)
         model.compile(
-            optimizer=make_optimizer(name, point, task, steps), loss=task.loss
+            optimizer=(make or make_optimizer)(name, point, task, steps),
+            loss=task.loss,
         )
         model.optimizer.build(model.trainable_variables)
         initial = _state(model)
