@@ -223,7 +223,7 @@ OPTIONS = dict(
     factor_decay=0.8,
     statistics_frequency=1,
     kl_clip=1e-3,
-    precondition_biases="all",
+    precondition_biases="joint",
     trace_thresholds=(0.05, 0.01),
 )
 

@@ -158,8 +158,3 @@ def test_joint_rows_train_a_grouped_and_depthwise_cnn():
     assert len(thor.step_plan.joint_biases) == 3
     assert thor.curvature_troubles == 0
     assert history.history["loss"][-1] < history.history["loss"][0]
-
-
-def test_joint_bias_rows_and_the_kl_guard_are_refused_together():
-    with pytest.raises(ValueError, match="kl_clip"):
-        THOR(0.1, 0.1, 0.9, kl_clip=1e-3, precondition_biases="joint")

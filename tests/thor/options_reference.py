@@ -25,7 +25,8 @@ with joint_biases (precondition_biases="joint"): a Dense or conv2d layer's
     A is that of its input rows (patches) with a 1 appended, and its kernel
     and bias directions are [d_W; d_b] = A⁻¹ [g_W; g_b] G⁻¹
 every step: d = A⁻¹ g G⁻¹ for the THOR kernels,
-    ν = min(1, sqrt(kl_clip / |lr² · Σ ⟨d, g⟩|))  (1 without kl_clip),
+    ν = min(1, sqrt(kl_clip / |lr² · Σ ⟨d, g⟩|))  (1 without kl_clip; the
+    sum takes a joint block's bias with its kernel),
     d ← ν · d, then weight decay, clipping and momentum as MindSpore.
 ```
 """
@@ -215,6 +216,12 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
                 (i, reference.THOR_KERNELS[spec["type"]])
                 for i, spec in enumerate(self.model)
                 if spec["type"] in reference.THOR_LAYERS
+            ]
+            # A joint block's bias is guarded with its kernel.
+            kernels += [
+                (i, "bias")
+                for i, spec in enumerate(self.model)
+                if self.joint_biases and _joins(spec)
             ]
             scale = guard_scale(
                 [directions[i][name] for i, name in kernels],

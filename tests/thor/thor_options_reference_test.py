@@ -395,6 +395,8 @@ def test_pi_damping_split_follows_the_reference(kind, options, compile_options):
         # [x, 1] of 6 inputs and of 7 hidden units: 7- and 8-wide A, cut
         # into blocks of split_dim + 1 = 5 (the bias row does not count).
         ("mlp", {}, None),
+        # The guard's sum takes each bias with its kernel.
+        ("mlp", {"kl_clip": 3e-4}, None),
         # The 1 ends every im2col patch row; with π and the averages.
         (
             "cnn",
@@ -406,10 +408,10 @@ def test_pi_damping_split_follows_the_reference(kind, options, compile_options):
             EAGER,
         ),
     ],
-    ids=["mlp", "cnn-averaged-pi"],
+    ids=["mlp", "mlp-guarded", "cnn-averaged-pi"],
 )
 def test_joint_bias_rows_follow_the_reference(kind, options, compile_options):
-    recorder, expected, _, model = _fit_and_reference(
+    recorder, expected, optimizer, model = _fit_and_reference(
         kind,
         "ce",
         compile_options=compile_options,
@@ -419,6 +421,9 @@ def test_joint_bias_rows_follow_the_reference(kind, options, compile_options):
         **HYPER,
     )
     _assert_follows(recorder.weights, expected)
+    if "kl_clip" in options:
+        # The guard binds on some steps.
+        assert min(optimizer.guard_scales) < 0.999, optimizer.guard_scales
     thor = model.optimizer
     assert set(thor.step_plan.joint_biases) == set(thor.curvature_blocks)
     # Kernel and bias share one block: the bias row joins A.

@@ -8,7 +8,9 @@ d_i ← ν · d_i
 
 Notation:
     - `g_i`: kernel `i`'s gradient of the mean loss, summed across the
-      replicas and unscaled, so `ν` is the same on every replica.
+      replicas and unscaled, so `ν` is the same on every replica; for a
+      joint block (`precondition_biases="joint"`) `g_i = [g_W; g_b]`, the
+      kernel's and the bias's together, and `d_i = [d_W; d_b]`.
     - `A_i⁻¹`, `G_i⁻¹`: the stored inverses; `lr`: the step's learning
       rate; the guarded kernels are the `StepPlan.guarded_kernels`.
     - `ν`: the guard scale, 1 for a zero or non-finite sum; the estimator
@@ -30,7 +32,8 @@ def kl_clip_scale(inner_product, learning_rate, kl_clip):
 
 
 def guarded_gradients(thor, variables, grads, loss_scale):
-    """`grads` with the guarded kernels' gradients replaced by `ν · d`.
+    """`grads` with the guarded kernels' gradients (and their joint
+    biases') replaced by `ν · d`.
 
     One collective sums the guarded gradients across replicas; each
     replica then passes `ν · d / replicas` in the loss's scale
@@ -38,34 +41,54 @@ def guarded_gradients(thor, variables, grads, loss_scale):
     gradients. Records `ν` in `thor.estimator`.
     """
     plan = thor.step_plan
-    positions = []
+    at = {}
+    for position, variable in enumerate(variables):
+        if grads[position] is not None:
+            at[plan.variable_index(variable)] = position
+    # (kernel position, bias position or None, kernel index) per block.
+    guarded = []
     for position, variable in enumerate(variables):
         index = plan.variable_index(variable)
-        if index in plan.guarded_kernels and grads[position] is not None:
-            positions.append((position, index))
-    if not positions:
+        if index not in plan.guarded_kernels or grads[position] is None:
+            continue
+        bias = plan.joint_biases.get(index)
+        if bias is not None and bias not in at:
+            continue
+        guarded.append((position, at.get(bias), index))
+    if not guarded:
         return grads
-    raw = [ops.cast(dense(grads[p]), "float32") for p, _ in positions]
+    positions = [p for k, b, _ in guarded for p in (k, b) if p is not None]
+    raw = [ops.cast(dense(grads[p]), "float32") for p in positions]
     count = replicas.replica_count()
     if count > 1:
         raw = replicas.all_reduce_sum(raw)
-    unscaled = [g / loss_scale for g in raw]
+    unscaled = dict(zip(positions, (g / loss_scale for g in raw)))
     damping = thor.current_damping()
-    directions = [
-        thor.estimator.precondition(index, g, damping, float(thor.batch_size))
-        for g, (_, index) in zip(unscaled, positions)
-    ]
+    directions = {}
+    for kernel, bias, index in guarded:
+        if bias is None:
+            directions[kernel] = thor.estimator.precondition(
+                index, unscaled[kernel], damping, float(thor.batch_size)
+            )
+        else:
+            directions[kernel], directions[bias] = plan.blocks[
+                index
+            ].precondition_pair(
+                unscaled[kernel],
+                unscaled[bias],
+                *thor.estimator.inverses_of(index),
+            )
     # Non-finite inner products give ν = 1 (the update then leaves
     # non-finite directions out).
-    inner = sum(ops.sum(d * g) for d, g in zip(directions, unscaled))
+    inner = sum(ops.sum(directions[p] * unscaled[p]) for p in positions)
     scale = kl_clip_scale(
         inner, ops.cast(thor.learning_rate, "float32"), thor.kl_clip
     )
     thor.estimator.record_guard_scale(scale)
     grads = list(grads)
-    for (position, _), direction in zip(positions, directions):
+    for position in positions:
         grads[position] = ops.cast(
-            scale * direction * (loss_scale / count),
+            scale * directions[position] * (loss_scale / count),
             variables[position].dtype,
         )
     return grads

@@ -284,12 +284,6 @@ class CurvatureOptions:
             "damping_split", self.damping_split, DAMPING_SPLITS
         )
         checked["kl_clip"] = _checked_kl_clip(self.kl_clip)
-        if self.precondition_biases == "joint" and self.kl_clip is not None:
-            raise ValueError(
-                'The KL guard does not yet cover `precondition_biases="joint"`'
-                " blocks: set one of them. Received: "
-                f"kl_clip={self.kl_clip}, precondition_biases='joint'"
-            )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 

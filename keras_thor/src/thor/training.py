@@ -180,10 +180,11 @@ def train_step(model, data, statistics, invert, update=True):
             grads = _add_factored_gradients(
                 thor, variables, grads, calls, factored, output_grads
             )
-            if plan.joint_biases:
-                grads = joint_directions(plan, thor.estimator, variables, grads)
             if plan.guarded_kernels:
+                # Joint pairs included.
                 grads = guarded_gradients(thor, variables, grads, loss_scale)
+            elif plan.joint_biases:
+                grads = joint_directions(plan, thor.estimator, variables, grads)
             apply_gradients(model.optimizer, grads, variables)
         else:
             thor.estimator.record_burn_in()
