@@ -6,7 +6,8 @@ protocol's baseline tune recorded (seed 0) in
 `benchmarks/thor_time_to_accuracy_protocol.json`. On seeds 1, 2, 3:
 
 - `THOR.recommended(batch_size=256)`: the preset exactly as it ships (its
-  own learning rate, 0.03; nothing tuned on digits);
+  own learning rate, `THOR.RECOMMENDED["learning_rate"]`; nothing tuned on
+  digits);
 - THOR with MindSpore's rule: the protocol's "THOR (MindSpore rule)"
   (damping 0.03, momentum 0.9, frequency 2 here) at learning rate 0.1
   constant: `THOR` has no default rate and no THOR tune of digits is

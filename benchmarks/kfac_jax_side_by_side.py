@@ -56,6 +56,11 @@ closest final metric if no point reaches it); `--report` runs it on seeds
 1-3. `--quick`: the middle grid point, 2 epochs, one report seed, files
 `results/quick_kfac_jax_side_by_side_*`.
 
+`--thor` (main `.venv`) trains `THOR.recommended(batch_size=...)` as
+shipped on the same exported permutations, seeds 0-3, through benchmark
+1's `run` (its warm-up, clock and checks; one `fit` per epoch on
+`x[order]`), and writes `results/kfac_jax_side_by_side_thor.json`.
+
     .venv/bin/python benchmarks/kfac_jax_side_by_side.py --export \\
         --tasks autoencoder mnist_mlp
     make kfac-jax-venv
@@ -65,6 +70,8 @@ closest final metric if no point reaches it); `--report` runs it on seeds
         --tasks autoencoder mnist_mlp
     .venv-kfac/bin/python benchmarks/kfac_jax_side_by_side.py --report \\
         --tasks autoencoder mnist_mlp
+    .venv/bin/python benchmarks/kfac_jax_side_by_side.py --thor \\
+        --tasks mnist_mlp
 """
 
 import argparse
@@ -214,6 +221,53 @@ def export(names, seeds):
                 f"({', '.join(activations)}), initial {task.metric} "
                 f"{check['metric']:.6g}, first-batch loss {check['loss']:.6g}"
             )
+
+
+def thor(names, seeds):
+    """`THOR.recommended()` on the exported permutations: per task, its
+    records and the medians over the report seeds."""
+    import thor_time_to_accuracy as bench
+
+    out = {}
+    for name in names:
+        task = bench.TASKS[name]
+        data = task.load()
+        meta = _meta(name)
+        point = dict(
+            lr=bench.LEARNING_RATES[bench.THOR_RECOMMENDED][name][0],
+            schedule="constant",
+            at=None,
+        )
+        records = []
+        for seed in seeds:
+            orders = load(name, seed)[4]
+            record = bench.run(
+                task,
+                data,
+                bench.THOR_RECOMMENDED,
+                point,
+                seed,
+                meta["target"],
+                True,
+                orders=orders,
+            )
+            got = bench.outcome(task, record)
+            record["to_target"] = (
+                dict(epochs=got[0], seconds=got[1]) if got else None
+            )
+            records.append(record)
+            _say(
+                f"[{name}] THOR.recommended() seed {seed}: "
+                f"{bench.summary(task, record)}"
+            )
+        reported = [r["to_target"] or {} for r in records if r["seed"] != 0]
+        medians = {
+            key: float(np.median([g.get(key, math.inf) for g in reported]))
+            for key in ("epochs", "seconds")
+        }
+        _say(f"[{name}] THOR.recommended() medians, seeds 1-3: {medians}")
+        out[name] = dict(point=point, medians=medians, runs=records)
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -688,6 +742,7 @@ def main():
     )
     mode.add_argument("--grid", action="store_true")
     mode.add_argument("--report", action="store_true")
+    mode.add_argument("--thor", action="store_true")
     parser.add_argument("--tasks", nargs="+", default=list(TASK_NAMES))
     parser.add_argument("--seeds", nargs="+", type=int, default=None)
     parser.add_argument(
@@ -715,11 +770,16 @@ def main():
     if args.quick:
         prefix = PREFIX.with_name("quick_" + PREFIX.name)
         args.epochs = args.epochs or 2
-    if args.export:
+    if args.export or args.thor:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         os.environ.setdefault("KERAS_BACKEND", "tensorflow")
         sys.path.insert(0, str(HERE))
-        export(args.tasks, args.seeds or SEEDS)
+        if args.export:
+            export(args.tasks, args.seeds or SEEDS)
+            return
+        path = pathlib.Path(f"{prefix}_thor.json")
+        _write(path, {**_read(path), **thor(args.tasks, args.seeds or SEEDS)})
+        _say(f"wrote {path}")
         return
     import jax
     import kfac_jax

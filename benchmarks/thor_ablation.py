@@ -12,10 +12,13 @@ the one above it by one option:
    `factor_decay=0.95`);
 3. + `burn_in_steps=10` (statistics-only steps before the first update);
 4. + `precondition_biases="joint"` (`[x, 1]` rows);
-5. + whole factors (`split_dim=1024`, at least every factor's width).
+5. + whole factors (`split_dim=1024`, at least every factor's width);
+6. - burn-in (`THOR.recommended()` has none);
+7. + the KL guard (`kl_clip=0.01`): `THOR.recommended()` exactly at its
+   own learning rate and damping (1e-3, 1e-3).
 
-    python benchmarks/thor_ablation.py --tasks mnist_mlp \
-        --lr 1e-3 --damping 1e-3
+    python benchmarks/thor_ablation.py --tasks mnist_mlp resnet \
+        transformer autoencoder --lr 1e-3 --damping 1e-3
 
 Prints epochs and training seconds to the target per rung (the
 baselines' best points are in the protocol file) and writes
@@ -40,6 +43,8 @@ RUNGS = (
     ("+ 10 burn-in steps", {"burn_in_steps": 10}),
     ("+ joint bias rows", {"precondition_biases": "joint"}),
     ("+ whole factors (split_dim 1024)", {"split_dim": 1024}),
+    ("- burn-in", {"burn_in_steps": 0}),
+    ("+ KL guard (kl_clip 0.01): the preset", {"kl_clip": 0.01}),
 )
 
 
@@ -94,7 +99,9 @@ def main():
                     options=options,
                     epochs=reached[0] if reached else None,
                     seconds=reached[1] if reached else None,
-                    best=max(metrics) if metrics else None,
+                    best=(max if task.higher_is_better else min)(metrics)
+                    if metrics
+                    else None,
                     diverged=record["diverged"],
                     error=record["error"],
                 )

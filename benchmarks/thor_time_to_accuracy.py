@@ -39,7 +39,9 @@ trains, y, and at its average x; each counts as a grid point):
 SGD (momentum 0.9, Nesterov), AdamW, Muon, Lion, ScheduleFreeAdamW, and
 "THOR (MindSpore rule)" (damping 0.03, momentum 0.9, about 6 curvature
 refreshes an epoch, MindSpore's ResNet-50 ratio) and "THOR (recommended)"
-(`THOR.recommended(learning_rate=..., batch_size=...)`), both on
+(`THOR.recommended(batch_size=...)` as shipped: one grid point, its own
+learning rate, constant; the 2026-12-02 presets were tuned over 0.03, 0.1,
+0.3 × both schedules, docs/benchmarks.md keeps those numbers), both on
 `keras_thor.convert_to_thor_model(model)`.
 
 Phases:
@@ -169,9 +171,10 @@ LEARNING_RATES = {
         ("digits", "resnet", "autoencoder", "transformer", "mnist_mlp"),
         (0.03, 0.1, 0.3),
     ),
+    # As shipped: the preset's own rate (`grid` adds no schedule).
     THOR_RECOMMENDED: dict.fromkeys(
         ("digits", "resnet", "autoencoder", "transformer", "mnist_mlp"),
-        (0.03, 0.1, 0.3),
+        (keras_thor.optimizers.THOR.RECOMMENDED["learning_rate"],),
     ),
 }
 
@@ -385,13 +388,15 @@ def grid(task, name, quick=False):
     point (ScheduleFreeAdamW: "y" the trained point, "x" the average)."""
     rates = LEARNING_RATES[name][task.name]
     if quick:
-        rates = rates[1:2]
+        rates = rates[len(rates) // 2 :][:1]
     if name == SCHEDULE_FREE:
         return [
             dict(lr=lr, schedule="constant", at=at)
             for lr in rates
             for at in ("y", "x")
         ]
+    if name == THOR_RECOMMENDED:
+        return [dict(lr=lr, schedule="constant", at=None) for lr in rates]
     return [
         dict(lr=lr, schedule=schedule, at=None)
         for lr in rates
@@ -658,7 +663,18 @@ def _restore(model, state):
         variable.assign(value)
 
 
-def run(task, data, name, point, seed, target, stop, points=None, make=None):
+def run(
+    task,
+    data,
+    name,
+    point,
+    seed,
+    target,
+    stop,
+    points=None,
+    make=None,
+    orders=None,
+):
     """One grid point on one seed: a warm-up, a reset, the timed run.
 
     Every optimizer starts from the seed's initial weights (the model is
@@ -667,8 +683,11 @@ def run(task, data, name, point, seed, target, stop, points=None, make=None):
     already traced, and sees the same shuffles. `stop`: stop at the target
     (else the whole budget). `points`: the evaluation points to measure
     (ScheduleFreeAdamW: "y" and/or "x"; default the point's own). `make`:
-    `(name, point, task, steps) -> optimizer`, default `make_optimizer`. Never
-    raises: an error is recorded and counts as not reaching the target.
+    `(name, point, task, steps) -> optimizer`, default `make_optimizer`.
+    `orders`: one permutation of the training set per epoch to train in
+    (`fit` one epoch at a time, unshuffled; kfac-jax's side-by-side
+    shuffles), default Keras's own shuffles. Never raises: an error is
+    recorded and counts as not reaching the target.
     Returns a JSON-ready record.
     """
     x_train, y_train, evaluate = data
@@ -720,14 +739,28 @@ def run(task, data, name, point, seed, target, stop, points=None, make=None):
             (point.get("at") or "y") if stop else None,
             None if stop else task.cap,
         )
-        model.fit(
-            x_train,
-            y_train,
-            batch_size=task.batch,
-            epochs=task.budget,
-            callbacks=[tracker],
-            verbose=0,
-        )
+        if orders is None:
+            model.fit(
+                x_train,
+                y_train,
+                batch_size=task.batch,
+                epochs=task.budget,
+                callbacks=[tracker],
+                verbose=0,
+            )
+        for epoch, order in enumerate(orders if orders is not None else ()):
+            model.fit(
+                x_train[order],
+                y_train[order],
+                batch_size=task.batch,
+                initial_epoch=epoch,
+                epochs=epoch + 1,
+                shuffle=False,
+                callbacks=[tracker],
+                verbose=0,
+            )
+            if model.stop_training:
+                break
         record.update(
             epochs=tracker.epochs,
             seconds=tracker.seconds,

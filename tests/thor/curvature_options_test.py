@@ -542,13 +542,14 @@ def test_statistics_schedule_of_the_optimizer():
 
 def test_recommended_is_the_documented_setting_and_takes_overrides():
     thor = THOR.recommended()
-    assert float(thor.learning_rate) == pytest.approx(0.03)
-    assert (thor.damping, thor.momentum) == (0.1, 0.9)
-    assert (thor.frequency, thor.kl_clip) == (20, 0.01)
-    assert (thor.factor_decay, thor.fisher) == (0.5, "empirical")
-    assert thor.precondition_biases == "shared"
+    assert float(thor.learning_rate) == pytest.approx(1e-3)
+    assert (thor.damping, thor.momentum) == (1e-3, 0.9)
+    assert (thor.frequency, thor.statistics_frequency) == (5, 1)
+    assert (thor.factor_decay, thor.fisher) == (0.95, "empirical")
+    assert (thor.damping_split, thor.precondition_biases) == ("pi", "joint")
+    assert (thor.split_dim, thor.kl_clip, thor.burn_in_steps) == (1024, 0.01, 0)
     tuned = THOR.recommended(learning_rate=0.1, kl_clip=None, batch_size=64)
     assert float(tuned.learning_rate) == pytest.approx(0.1)
-    assert (tuned.kl_clip, tuned.batch_size, tuned.damping) == (None, 64, 0.1)
+    assert (tuned.kl_clip, tuned.batch_size, tuned.damping) == (None, 64, 1e-3)
     config = tuned.get_config()
     assert THOR.from_config(config).get_config() == config

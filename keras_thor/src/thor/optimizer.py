@@ -240,28 +240,32 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         self.curvature_options = options
 
     RECOMMENDED = {
-        "learning_rate": 0.03,
-        "damping": 0.1,
+        "learning_rate": 1e-3,
+        "damping": 1e-3,
         "momentum": 0.9,
-        "frequency": 20,
+        "frequency": 5,
+        "statistics_frequency": 1,
+        "factor_decay": 0.95,
+        "damping_split": "pi",
+        "precondition_biases": "joint",
+        "split_dim": 1024,
         "kl_clip": 0.01,
-        "precondition_biases": "shared",
-        "factor_decay": 0.5,
     }
 
     @classmethod
     def recommended(cls, **kwargs):
-        """THOR set up as a starting point for any model.
+        """THOR set up as a starting point for any model: K-FAC grade.
 
-        MindSpore's rule with a step-size guard, a shorter refresh period,
-        factor moving averages and curvature for the biases shared by
-        positions: `learning_rate=0.03, damping=0.1, momentum=0.9,
-        frequency=20, kl_clip=0.01, precondition_biases="shared",
-        factor_decay=0.5` (`THOR.RECOMMENDED`),
-        chosen on the held-out seed of the benchmark tasks, one setting for
-        all of them (docs/thor.md, "Tuning THOR", gives the measured
-        sensitivity). Any argument of `THOR` overrides these, e.g.
-        `THOR.recommended(learning_rate=0.1, batch_size=128)`; without
+        `learning_rate=1e-3, damping=1e-3, momentum=0.9, frequency=5,
+        statistics_frequency=1, factor_decay=0.95, damping_split="pi",
+        precondition_biases="joint", split_dim=1024, kl_clip=0.01`
+        (`THOR.RECOMMENDED`): statistics every step into an average,
+        inverses every 5 steps, Martens & Grosse's damping split, biases
+        in their kernels' blocks, whole factors up to 1024 wide and a
+        step-size guard; chosen on the held-out seed of the benchmark
+        tasks, one setting for all of them (docs/thor.md, "Tuning THOR").
+        Any argument of `THOR` overrides these, e.g.
+        `THOR.recommended(learning_rate=3e-3, batch_size=128)`; without
         `batch_size` THOR takes the batch `fit` trains with.
         """
         return cls(**{**cls.RECOMMENDED, **kwargs})
