@@ -626,10 +626,22 @@ def _warm_up(model, x, y, batch):
     alike): a full and a partial batch at each kind of step. For THOR,
     starting at steps 0 and frequency - 1 (and around the statistics
     period if it has one), so refresh and plain steps (and statistics-only
-    steps) each see both batch sizes. The caller restores the state."""
+    steps) each see both batch sizes; with burn-in, after its steps (else
+    every warm-up step would be a burn-in step). The caller restores the
+    state."""
     remainder = len(x) % batch or batch
     count = batch + remainder
     optimizer = model.optimizer
+    burn_in = getattr(optimizer, "burn_in_steps", 0)
+    if burn_in:
+        model.fit(
+            x[: burn_in * batch],
+            y[: burn_in * batch],
+            batch_size=batch,
+            epochs=1,
+            shuffle=False,
+            verbose=0,
+        )
     starts = [0, 1]
     frequency = getattr(optimizer, "frequency", None)
     if isinstance(frequency, int) and frequency > 1:
