@@ -472,6 +472,11 @@ BAD_OPTIONS = [
     ({"kl_clip": -1e-3}, ValueError, "kl_clip=-0.001"),
     ({"kl_clip": "1e-3"}, TypeError, "`kl_clip` must be a float"),
     ({"statistics_rows": 0}, ValueError, "`statistics_rows` must be an"),
+    (
+        {"conv_statistics_rows": 0},
+        ValueError,
+        "`conv_statistics_rows` must be an",
+    ),
     ({"statistics_rows": 8.0}, TypeError, "`statistics_rows` must be an"),
 ]
 
@@ -548,6 +553,7 @@ def test_recommended_is_the_documented_setting_and_takes_overrides():
     assert (thor.factor_decay, thor.fisher) == (0.95, "empirical")
     assert (thor.damping_split, thor.precondition_biases) == ("pi", "joint")
     assert (thor.split_dim, thor.kl_clip, thor.burn_in_steps) == (1024, 0.01, 0)
+    assert (thor.statistics_rows, thor.conv_statistics_rows) == (None, 32)
     tuned = THOR.recommended(learning_rate=0.1, kl_clip=None, batch_size=64)
     assert float(tuned.learning_rate) == pytest.approx(0.1)
     assert (tuned.kl_clip, tuned.batch_size, tuned.damping) == (None, 64, 1e-3)

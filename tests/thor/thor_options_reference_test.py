@@ -280,6 +280,40 @@ def test_statistics_rows_give_the_inverses_of_the_first_rows():
         np.testing.assert_allclose(rows_only, first_rows, rtol=1e-5, atol=1e-6)
 
 
+def test_conv_statistics_rows_cut_only_the_convolutions():
+    """One refresh step on 16 examples with `conv_statistics_rows=5`: the
+    convolution's inverses are those of the first 5 examples, the Dense
+    layer's those of all 16."""
+    specs, shape, _, x, y = _data("cnn", "ce")
+    inverses = []
+    for conv_rows, batch in ((5, 16), (None, 5), (None, 16)):
+        keras.utils.set_random_seed(0)
+        model = keras_models.keras_model(specs, shape)
+        model.compile(
+            optimizer=keras_thor.optimizers.THOR(
+                frequency=2, conv_statistics_rows=conv_rows, **HYPER
+            ),
+            loss=keras_models.loss_object("ce"),
+            run_eagerly=True,
+        )
+        model.train_on_batch(x[:batch], y[:batch])
+        thor = model.optimizer
+        inverses.append(
+            {
+                block.convolutional: [
+                    getattr(thor.state_for(block.kernel), part)
+                    for part in ("a_inverse", "g_inverse")
+                ]
+                for block in thor.curvature_blocks.values()
+            }
+        )
+    cut, first_rows, whole = inverses
+    assert set(cut) == {True, False}
+    for kind, source in ((True, first_rows), (False, whole)):
+        for got, expected in zip(cut[kind], source[kind]):
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
 def _tf_draws(kind, output_width):
     """The sampled Fisher's draws for step `t` on one device: seed
     `(t, 0)`, as `keras_thor.src.thor.sampled_fisher` documents."""

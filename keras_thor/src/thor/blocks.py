@@ -59,10 +59,13 @@ class KroneckerBlock:
             `g_dim`; the kernel reads as `(groups, a_dim, g_dim)`.
         a_is_diagonal: Whether `A` is kept as its diagonal (Embedding).
         factored: Whether the factored order exists for this block.
+        convolutional: Whether its statistics take one row per output
+            position of each example (`conv_statistics_rows`).
     """
 
     a_is_diagonal = False
     factored = False
+    convolutional = False
 
     def __init__(self, layer, kernel, groups, a_dim, g_dim):
         self.layer = layer
@@ -233,6 +236,8 @@ class ConvKronecker(KroneckerBlock):
     A depthwise convolution is the grouped one with a group per input
     channel.
     """
+
+    convolutional = True
 
     def __init__(self, layer, kernel, options, groups, depthwise):
         self.options = options

@@ -226,7 +226,8 @@ class CurvatureEstimator:
         into per-sample gradients. Sums are all-reduced across replicas,
         one collective per bucket, then divided by the global row count.
         Several calls of one layer pool their rows. With
-        `statistics_rows`, each call keeps its first examples only.
+        `statistics_rows` (`conv_statistics_rows` for a convolution), each
+        call keeps its first examples only.
         """
         sums = {}
         for call, output_grad in zip(calls, output_grads):
@@ -235,9 +236,12 @@ class CurvatureEstimator:
                 continue
             inputs = call.inputs
             sample_grads = ops.cast(output_grad, "float32") * sample_scale
-            if self.options.statistics_rows is not None:
+            examples = self.options.statistics_rows
+            if call.block.convolutional:
+                examples = self.options.conv_statistics_rows or examples
+            if examples is not None:
                 inputs, sample_grads = _first_examples(
-                    (inputs, sample_grads), self.options.statistics_rows
+                    (inputs, sample_grads), examples
                 )
             a_sum, g_sum, rows, factor_scale = self._blocks[index].statistics(
                 inputs, sample_grads

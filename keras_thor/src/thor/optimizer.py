@@ -161,6 +161,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         statistics_frequency=None,
         burn_in_steps=0,
         statistics_rows=None,
+        conv_statistics_rows=None,
         fisher="empirical",
         kl_clip=None,
         precondition_biases=None,
@@ -206,6 +207,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             statistics_frequency=statistics_frequency,
             burn_in_steps=burn_in_steps,
             statistics_rows=statistics_rows,
+            conv_statistics_rows=conv_statistics_rows,
             fisher=fisher,
             kl_clip=kl_clip,
             precondition_biases=precondition_biases,
@@ -250,6 +252,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         "precondition_biases": "joint",
         "split_dim": 1024,
         "kl_clip": 0.01,
+        "conv_statistics_rows": 32,
     }
 
     @classmethod
@@ -258,11 +261,12 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
 
         `learning_rate=1e-3, damping=1e-3, momentum=0.9, frequency=5,
         statistics_frequency=1, factor_decay=0.95, damping_split="pi",
-        precondition_biases="joint", split_dim=1024, kl_clip=0.01`
-        (`THOR.RECOMMENDED`): statistics every step into an average,
-        inverses every 5 steps, Martens & Grosse's damping split, biases
-        in their kernels' blocks, whole factors up to 1024 wide and a
-        step-size guard; chosen on the held-out seed of the benchmark
+        precondition_biases="joint", split_dim=1024, kl_clip=0.01,
+        conv_statistics_rows=32` (`THOR.RECOMMENDED`): statistics every
+        step into an average (a convolution's from the first 32 examples
+        of each batch), inverses every 5 steps, Martens & Grosse's damping
+        split, biases in their kernels' blocks, whole factors up to 1024
+        wide and a step-size guard; chosen on the held-out seed of the benchmark
         tasks, one setting for all of them (docs/thor.md, "Tuning THOR").
         Any argument of `THOR` overrides these, e.g.
         `THOR.recommended(learning_rate=3e-3, batch_size=128)`; without

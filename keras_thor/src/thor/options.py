@@ -47,6 +47,11 @@ CURVATURE_OPTION_ARGS = """split_indices: Sorted layer indices after which the
         statistics_rows: `None` (the whole batch) or an integer >= 1: the
             statistics use only the first `statistics_rows` examples of
             each replica's batch. Defaults to `None`.
+        conv_statistics_rows: `None` (as `statistics_rows`) or an integer
+            >= 1: the statistics of convolutions (each example gives them
+            one im2col row per output position) use only the first
+            `conv_statistics_rows` examples of each replica's batch; other
+            layers follow `statistics_rows`. Defaults to `None`.
         fisher: `"empirical"` (MindSpore: `G` from the gradients of the
             loss at the data's labels) or `"sampled"` (at targets drawn
             from the model's predictive distribution, one per example;
@@ -248,6 +253,7 @@ class CurvatureOptions:
     statistics_frequency: int = None
     burn_in_steps: int = 0
     statistics_rows: int = None
+    conv_statistics_rows: int = None
     fisher: str = "empirical"
     kl_clip: float = None
     precondition_biases: str = None
@@ -275,10 +281,11 @@ class CurvatureOptions:
         checked["burn_in_steps"] = _checked_burn_in_steps(
             self.burn_in_steps, checked["factor_decay"]
         )
-        if self.statistics_rows is not None:
-            checked["statistics_rows"] = validation.check_int(
-                "statistics_rows", self.statistics_rows, 1
-            )
+        for name in ("statistics_rows", "conv_statistics_rows"):
+            if getattr(self, name) is not None:
+                checked[name] = validation.check_int(
+                    name, getattr(self, name), 1
+                )
         validation.check_one_of("fisher", self.fisher, FISHER_KINDS)
         validation.check_one_of(
             "damping_split", self.damping_split, DAMPING_SPLITS
