@@ -208,6 +208,36 @@ def test_subclassed_thor_model_trains():
     assert len(model.optimizer.curvature_blocks) == 2
 
 
+def test_each_step_variant_is_traced_once_from_a_tf_data_pipeline():
+    """An unbuilt subclassed model, batches of 16 over 100 rows (a partial
+    last batch, so a batch dimension of `None`): the model and THOR are
+    built before the first trace, and the host-fetched first step and the
+    in-graph fetches after it share one trace per variant."""
+    import tensorflow as tf
+
+    class Classifier(keras_thor.models.ThorModel):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.hidden = keras.layers.Dense(16, activation="relu")
+            self.logits = keras.layers.Dense(4)
+
+        def call(self, x):
+            return self.logits(self.hidden(x))
+
+    model = Classifier()
+    model.compile(
+        optimizer=_thor(),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    x, y = _digits_like(samples=100)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    model.fit(data, epochs=2, verbose=0)
+    assert int(model.optimizer.iterations) == 14
+    for key in ("refresh", "plain"):
+        traced = model.train_function.traced_variant(key)
+        assert traced.experimental_get_tracing_count() == 1, key
+
+
 def test_thor_model_with_another_optimizer_trains_as_keras():
     x, labels = _digits_like()
     y = np.eye(4, dtype="float32")[labels]

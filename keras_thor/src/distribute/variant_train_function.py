@@ -9,10 +9,11 @@ from keras_thor.src.distribute.train_step import reduce_logs
 
 # One variant's functions: `traced` (one step on a batch, the `tf.function`
 # tests read), `step` (the same, taking Keras's optional batches),
-# `on_iterator` (one step that fetches its batch) and `more_steps` (a fused
-# run of steps).
+# `on_iterator` (one step that fetches its batch), `on_optional` (one step
+# on a batch fetched as a `tf.experimental.Optional`) and `more_steps` (a
+# fused run of steps).
 _Variant = collections.namedtuple(
-    "_Variant", ["traced", "step", "on_iterator", "more_steps"]
+    "_Variant", ["traced", "step", "on_iterator", "on_optional", "more_steps"]
 )
 
 
@@ -84,8 +85,9 @@ class VariantTrainFunction:
         """Raises a `ValueError` if the first `steps` steps cannot run."""
 
     def call_variant(self, key, function, argument):
-        """Runs one step of variant `key`, `function(argument)` (a batch or
-        an iterator); a subclass watches steps here."""
+        """Runs one step of variant `key`, `function(argument)` (a batch, a
+        `tf.experimental.Optional` batch or an iterator); a subclass watches
+        steps here."""
         return function(argument)
 
     def traced_variant(self, key):
@@ -153,7 +155,10 @@ class VariantTrainFunction:
             key = self.variant_at(step)
             variant = self._variant(key)
             count = self._run_length(step, key, remaining)
-            logs = self.call_variant(key, variant.step, batch.get_value())
+            # The optional, not its value: its value's shapes are those the
+            # iterator's own fetches give (a batch dimension of `None`), so
+            # the step is traced once for both.
+            logs = self.call_variant(key, variant.on_optional, batch)
             self._step = step + 1
             if count > 1:
                 logs = variant.more_steps(
@@ -213,6 +218,10 @@ class VariantTrainFunction:
             on_iterator=self._compile(
                 lambda iterator: step(iterator.get_next()),
                 "variant_step_on_iterator",
+            ),
+            on_optional=self._compile(
+                lambda optional: step(optional.get_value()),
+                "variant_step_on_optional",
             ),
             more_steps=self._compile(
                 functools.partial(_more_steps, step), "variant_more_steps"
