@@ -43,6 +43,18 @@ def _converted_mlp(optimizer=None, features=12, classes=4):
     return model
 
 
+class SmallClassifier(keras_thor.models.ThorModel):
+    """A subclassed THOR model, unbuilt until it trains."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = keras.layers.Dense(16, activation="relu")
+        self.logits = keras.layers.Dense(4)
+
+    def call(self, x):
+        return self.logits(self.hidden(x))
+
+
 def _fit(model, epochs=2, **kwargs):
     x, y = _digits_like()
     return model.fit(
@@ -188,16 +200,7 @@ def test_thor_layers_in_a_plain_keras_model_say_to_use_thor_model():
 
 
 def test_subclassed_thor_model_trains():
-    class Classifier(keras_thor.models.ThorModel):
-        def __init__(self, **kwargs):
-            super().__init__(**kwargs)
-            self.hidden = keras.layers.Dense(16, activation="relu")
-            self.logits = keras.layers.Dense(4)
-
-        def call(self, x):
-            return self.logits(self.hidden(x))
-
-    model = Classifier()
+    model = SmallClassifier()
     model.compile(
         optimizer=_thor(),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -215,16 +218,7 @@ def test_each_step_variant_is_traced_once_from_a_tf_data_pipeline():
     in-graph fetches after it share one trace per variant."""
     import tensorflow as tf
 
-    class Classifier(keras_thor.models.ThorModel):
-        def __init__(self, **kwargs):
-            super().__init__(**kwargs)
-            self.hidden = keras.layers.Dense(16, activation="relu")
-            self.logits = keras.layers.Dense(4)
-
-        def call(self, x):
-            return self.logits(self.hidden(x))
-
-    model = Classifier()
+    model = SmallClassifier()
     model.compile(
         optimizer=_thor(),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
