@@ -156,6 +156,26 @@ def _plus(gradient, scalar):
     return gradient + scalar
 
 
+def batch_value(data):
+    """`data`, or its value when it is a `tf.experimental.Optional`."""
+    import tensorflow as tf
+
+    if isinstance(data, tf.experimental.Optional):
+        return data.get_value()
+    return data
+
+
+def has_distributed_values(data):
+    """Whether any tensor of the batch `data` is a `tf.distribute` value
+    (one part per replica)."""
+    import tensorflow as tf
+
+    return any(
+        isinstance(value, tf.distribute.DistributedValues)
+        for value in keras.tree.flatten(data)
+    )
+
+
 def per_replica_rows(strategy, data):
     """The leading dimension of the first input in the batch `data` (one
     replica's part under `strategy`), or `None` for an iterator."""

@@ -7,6 +7,8 @@ import keras
 
 from keras_thor.src import keras_internals
 from keras_thor.src.backend.values import numpy_value
+from keras_thor.src.distribute.replicas import batch_value
+from keras_thor.src.distribute.replicas import has_distributed_values
 from keras_thor.src.distribute.replicas import per_replica_rows
 from keras_thor.src.distribute.variant_train_function import (
     VariantTrainFunction,
@@ -109,22 +111,15 @@ class ThorTrainFunction(VariantTrainFunction):
         variant a second time at its next call (about 0.5 s on the MNIST
         MLP, more on larger models).
         """
-        import tensorflow as tf
-
         self._batch_seen = True
-        if isinstance(data, tf.experimental.Optional):
-            data = data.get_value()
+        data = batch_value(data)
         rows = per_replica_rows(self.model.distribute_strategy, data)
         if rows is None:
             return
         message = self._thor.take_batch_size(rows)
         if message:
             warnings.warn(message, stacklevel=5)
-        distributed = any(
-            isinstance(value, tf.distribute.DistributedValues)
-            for value in keras.tree.flatten(data)
-        )
-        if not self._thor.built and not distributed:
+        if not self._thor.built and not has_distributed_values(data):
             # Under a strategy Keras's `fit` has built them already.
             keras_internals.symbolic_build(self.model, data)
 
