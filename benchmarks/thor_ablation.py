@@ -16,8 +16,10 @@ the one above it by one option:
 6. - burn-in (`THOR.recommended()` has none);
 7. + the KL guard (`kl_clip=0.01`);
 8. + a convolution's statistics from the first 32 examples of each batch
-   (`conv_statistics_rows=32`): `THOR.recommended()` exactly at its own
-   learning rate and damping (1e-3, 1e-3).
+   (`conv_statistics_rows=32`);
+9. + the guard on the velocity the step leaves (`kl_clip_mode="velocity"`):
+   `THOR.recommended()` exactly at its own learning rate and damping
+   (1e-3, 1e-3).
 
     python benchmarks/thor_ablation.py --tasks mnist_mlp resnet \
         transformer autoencoder --lr 1e-3 --damping 1e-3
@@ -47,10 +49,8 @@ RUNGS = (
     ("+ whole factors (split_dim 1024)", {"split_dim": 1024}),
     ("- burn-in", {"burn_in_steps": 0}),
     ("+ KL guard (kl_clip 0.01)", {"kl_clip": 0.01}),
-    (
-        "+ conv statistics from 32 examples: the preset",
-        {"conv_statistics_rows": 32},
-    ),
+    ("+ conv statistics from 32 examples", {"conv_statistics_rows": 32}),
+    ("+ guard on the velocity: the preset", {"kl_clip_mode": "velocity"}),
 )
 
 

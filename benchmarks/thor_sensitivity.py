@@ -13,10 +13,14 @@ per task and the count of runs that diverged.
 
     python benchmarks/thor_sensitivity.py [--tasks resnet autoencoder
         transformer mnist_mlp] [--settings recommended unguarded]
-        [--epochs 2] [--seed 0]
+        [--epochs 2] [--seed 0] [--options JSON]
+
+`--options` are more `THOR.recommended()` overrides for every run, e.g.
+`--options '{"adaptive_damping": true}'`.
 """
 
 import argparse
+import json
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -105,11 +109,11 @@ def training_loss(model, loss, x, y):
     return float(value)
 
 
-def run(name, guarded, learning_rate, damping, epochs, seed):
+def run(name, guarded, learning_rate, damping, epochs, seed, options):
     keras.utils.set_random_seed(seed)
     model, loss, x, y, metric = task_setup(name)
     model = keras_thor.convert_to_thor_model(model)
-    overrides = {} if guarded else {"kl_clip": None}
+    overrides = dict(options) if guarded else {**options, "kl_clip": None}
     model.compile(
         optimizer=keras_thor.optimizers.THOR.recommended(
             learning_rate=learning_rate,
@@ -140,7 +144,9 @@ def main():
     )
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--options", default="{}")
     args = parser.parse_args()
+    options = json.loads(args.options)
     centre = keras_thor.optimizers.THOR.RECOMMENDED
     for name in args.tasks:
         print(
@@ -158,7 +164,13 @@ def main():
                     lr = centre["learning_rate"] * lr_scale
                     damping = centre["damping"] * damping_scale
                     initial, final, metric, bad = run(
-                        name, guarded, lr, damping, args.epochs, args.seed
+                        name,
+                        guarded,
+                        lr,
+                        damping,
+                        args.epochs,
+                        args.seed,
+                        options,
                     )
                     diverged += bad
                     print(

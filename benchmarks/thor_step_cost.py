@@ -23,7 +23,7 @@ for each curvature option beyond MindSpore's rule (`OPTIONS`), against the
 rule itself.
 
     python benchmarks/thor_step_cost.py [--models mlp cnn] [--rounds 5]
-        [--options]
+        [--options [--only NAME ...]]
 """
 
 import argparse
@@ -298,6 +298,10 @@ OPTIONS = {
     "kl_clip=0.01": {"kl_clip": 0.01},
     'precondition_biases="all"': {"precondition_biases": "all"},
     "THOR.recommended()": dict(keras_thor.optimizers.THOR.RECOMMENDED),
+    # The preset with kfac-pytorch's guard on the direction instead.
+    'recommended, kl_clip_mode="direction"': dict(
+        keras_thor.optimizers.THOR.RECOMMENDED, kl_clip_mode="direction"
+    ),
     "trace_thresholds=0.01": {"trace_thresholds": 0.01},
     'damping_split="pi"': {"damping_split": "pi"},
     'precondition_biases="joint"': {"precondition_biases": "joint"},
@@ -310,14 +314,17 @@ OPTIONS = {
 }
 
 
-def options_report(model_name, rounds):
+def options_report(model_name, rounds, only=None):
     """Refresh and non-refresh step times and the refresh split of each
-    entry of `OPTIONS` (refreshing every 2 steps, learning rate 0.01)."""
+    entry of `OPTIONS` (the names in `only`, if given; refreshing every 2
+    steps, learning rate 0.01)."""
     setup = SETUPS[model_name]
     batch = setup["batch"]
     x, _, y, _ = digits(0, setup["images"])
     runs = {}
     for name, options in OPTIONS.items():
+        if only and name not in only:
+            continue
         options = {
             key: batch // 4 if value == "rows" else value
             for key, value in options.items()
@@ -367,6 +374,12 @@ def main():
         action="store_true",
         help="the curvature options' step costs instead",
     )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=tuple(OPTIONS),
+        help="with --options: these rows only",
+    )
     args = parser.parse_args()
     print(
         f"keras {keras.__version__}, backend {keras.backend.backend()}, "
@@ -374,7 +387,7 @@ def main():
     )
     for model_name in args.models:
         if args.options:
-            options_report(model_name, args.rounds)
+            options_report(model_name, args.rounds, args.only)
         else:
             benchmark(model_name, args.rounds)
 

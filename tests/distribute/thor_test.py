@@ -87,6 +87,8 @@ def _fit(model, epochs=2, callbacks=()):
                 "factor_decay": 0.8,
                 "burn_in_steps": 2,
                 "precondition_biases": "joint",
+                "kl_clip": 1e-3,
+                "kl_clip_mode": "velocity",
             },
         ),
     ],

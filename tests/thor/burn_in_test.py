@@ -1,8 +1,8 @@
 """THOR's burn-in (`burn_in_steps`): statistics-only steps before the
 first update. The schedule and the checks on every backend; `model.fit`
 against the NumPy reference, `.keras` files and BackupAndRestore (with
-`damping_split="pi"` and `precondition_biases="joint"` as well) with
-THOR's TensorFlow training step.
+`damping_split="pi"`, `precondition_biases="joint"` and the velocity's
+guard as well) with THOR's TensorFlow training step.
 """
 
 import keras
@@ -93,6 +93,8 @@ def _burn_in_model():
             # The other K-FAC-grade options round-trip here too.
             damping_split="pi",
             precondition_biases="joint",
+            kl_clip=1e-3,
+            kl_clip_mode="velocity",
         ),
         run_eagerly=True,
     )

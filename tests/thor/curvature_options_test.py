@@ -478,6 +478,16 @@ BAD_OPTIONS = [
         "`conv_statistics_rows` must be an",
     ),
     ({"statistics_rows": 8.0}, TypeError, "`statistics_rows` must be an"),
+    (
+        {"kl_clip_mode": "step"},
+        ValueError,
+        r"must be one of \('direction', 'velocity'\).*kl_clip_mode='step'",
+    ),
+    (
+        {"kl_clip": 0.01, "kl_clip_mode": "velocity"},
+        ValueError,
+        "kl_clip_mode='velocity', kl_clip=0.01, factor_decay=None",
+    ),
 ]
 
 
@@ -496,6 +506,7 @@ def test_good_options_are_kept_and_in_the_config():
         statistics_rows=8,
         fisher="sampled",
         kl_clip=1,
+        kl_clip_mode="velocity",
     )
     assert optimizer.factor_decay == 0.0
     assert isinstance(optimizer.kl_clip, float)
@@ -508,6 +519,7 @@ def test_good_options_are_kept_and_in_the_config():
             "statistics_rows",
             "fisher",
             "kl_clip",
+            "kl_clip_mode",
         )
     } == {
         "factor_decay": 0.0,
@@ -515,6 +527,7 @@ def test_good_options_are_kept_and_in_the_config():
         "statistics_rows": 8,
         "fisher": "sampled",
         "kl_clip": 1.0,
+        "kl_clip_mode": "velocity",
     }
     assert THOR.from_config(config).get_config() == config
     assert THOR(**GOOD, statistics_frequency=4).statistics_period == 4
@@ -553,6 +566,7 @@ def test_recommended_is_the_documented_setting_and_takes_overrides():
     assert (thor.factor_decay, thor.fisher) == (0.95, "empirical")
     assert (thor.damping_split, thor.precondition_biases) == ("pi", "joint")
     assert (thor.split_dim, thor.kl_clip, thor.burn_in_steps) == (1024, 0.01, 0)
+    assert thor.kl_clip_mode == "velocity"
     assert (thor.statistics_rows, thor.conv_statistics_rows) == (None, 32)
     tuned = THOR.recommended(learning_rate=0.1, kl_clip=None, batch_size=64)
     assert float(tuned.learning_rate) == pytest.approx(0.1)

@@ -27,7 +27,11 @@ with joint_biases (precondition_biases="joint"): a Dense or conv2d layer's
 every step: d = A⁻¹ g G⁻¹ for the THOR kernels,
     ν = min(1, sqrt(kl_clip / |lr² · Σ ⟨d, g⟩|))  (1 without kl_clip; the
     sum takes a joint block's bias with its kernel),
-    d ← ν · d, then weight decay, clipping and momentum as MindSpore.
+    d ← ν · d, then weight decay, clipping and momentum as MindSpore;
+    with kl_clip_mode="velocity" (Dense layers), u = μ·v + d, the sum is
+    Σ ⟨u, F u⟩ with F = A ⊗ G of the averaged factors cut into their
+    split_dim blocks (split_dim + 1 for A with the bias row), and
+    d ← ν · u − μ·v.
 ```
 """
 
@@ -127,9 +131,23 @@ def joint_directions(inverses, kernel_grad, bias_grad):
     return product[:-1].reshape(kernel_grad.shape), product[-1]
 
 
+def block_diagonal(matrix, size):
+    """`matrix` with its entries outside the diagonal `size` blocks zeroed."""
+    kept = np.zeros_like(matrix)
+    for start in range(0, len(matrix), size):
+        part = slice(start, start + size)
+        kept[part, part] = matrix[part, part]
+    return kept
+
+
 def guard_scale(directions, gradients, learning_rate, kl_clip):
     """kfac-pytorch's KL clip `ν` over pairs of directions and gradients."""
     inner = sum(float(np.sum(d * g)) for d, g in zip(directions, gradients))
+    return scale_of(inner, learning_rate, kl_clip)
+
+
+def scale_of(inner, learning_rate, kl_clip):
+    """`min(1, sqrt(kl_clip / |lr² · inner|))`, 1 at 0 or not finite."""
     quadratic = abs(learning_rate**2 * inner)
     if quadratic == 0.0 or not math.isfinite(quadratic):
         return 1.0
@@ -159,6 +177,7 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
         statistics_frequency=None,
         statistics_rows=None,
         kl_clip=None,
+        kl_clip_mode="direction",
         fisher_targets=None,
         statistics_loss=None,
         trace_thresholds=None,
@@ -176,6 +195,7 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
         self.statistics_period = int(statistics_frequency or self.frequency)
         self.statistics_rows = statistics_rows
         self.kl_clip = kl_clip
+        self.kl_clip_mode = kl_clip_mode
         self.fisher_targets = fisher_targets
         self.statistics_loss = statistics_loss or loss
         self.guard_scales = []
@@ -223,14 +243,17 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
                 for i, spec in enumerate(self.model)
                 if self.joint_biases and _joins(spec)
             ]
-            scale = guard_scale(
-                [directions[i][name] for i, name in kernels],
-                [grads[i][name] for i, name in kernels],
-                learning_rate,
-                self.kl_clip,
-            )
-            for i, name in kernels:
-                directions[i][name] = scale * directions[i][name]
+            if self.kl_clip_mode == "velocity":
+                scale = self._guard_velocity(directions, kernels, learning_rate)
+            else:
+                scale = guard_scale(
+                    [directions[i][name] for i, name in kernels],
+                    [grads[i][name] for i, name in kernels],
+                    learning_rate,
+                    self.kl_clip,
+                )
+                for i, name in kernels:
+                    directions[i][name] = scale * directions[i][name]
         self.guard_scales.append(scale)
         new_weights = [{} for _ in weights]
         for index, layer in enumerate(weights):
@@ -240,6 +263,34 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
                 )
         self.iterations += 1
         return new_weights
+
+    def _guard_velocity(self, directions, kernels, learning_rate):
+        """`kl_clip_mode="velocity"` on Dense layers: replaces the guarded
+        directions by `ν·u − μ·v`; returns `ν`."""
+        kept = {
+            (i, name): self.momentum * self.velocities[i][name]
+            for i, name in kernels
+        }
+        steps = {key: kept[key] + directions[key[0]][key[1]] for key in kept}
+        inner = 0.0
+        for index in {i for i, _ in kernels}:
+            assert self.model[index]["type"] == "dense"
+            a_factor, g_factor, scale = self.current_factors(index)
+            joint = (index, "bias") in steps
+            a_blocks = block_diagonal(
+                scale * a_factor,
+                self.split_dim + 1 if joint else self.split_dim,
+            )
+            g_blocks = block_diagonal(scale * g_factor, self.split_dim)
+            rows = [steps[(index, "kernel")]]
+            if joint:
+                rows.append(steps[(index, "bias")][None])
+            u = np.vstack(rows)
+            inner += float(np.sum(u * (a_blocks @ u @ g_blocks)))
+        scale = scale_of(inner, learning_rate, self.kl_clip)
+        for i, name in kernels:
+            directions[i][name] = scale * steps[(i, name)] - kept[(i, name)]
+        return scale
 
     def _gather(self, weights, x, captures):
         """Appends this step's `(A, G, c)` of every THOR layer."""

@@ -2,8 +2,9 @@
 
 The expected weights come from `tests/thor/options_reference`, the
 documented rules of `factor_decay`, `statistics_frequency`,
-`statistics_rows`, `fisher="sampled"` and `kl_clip` written out in float64
-NumPy on top of the MindSpore reference.
+`statistics_rows`, `fisher="sampled"` and `kl_clip` (on the direction and
+on the velocity) written out in float64 NumPy on top of the MindSpore
+reference.
 """
 
 import keras
@@ -194,17 +195,33 @@ def test_factor_decay_and_statistics_frequency_follow_the_reference(
         )
 
 
-def test_kl_clip_follows_the_reference_and_logs_the_guard_scale():
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"weight_decay": 1e-2},
+        # The velocity each step leaves, in the averaged factors' norm,
+        # with the joint bias rows.
+        {
+            "kl_clip_mode": "velocity",
+            "factor_decay": 0.8,
+            "statistics_frequency": 1,
+            "damping_split": "pi",
+            "precondition_biases": "joint",
+        },
+    ],
+    ids=["direction", "velocity-joint"],
+)
+def test_kl_clip_follows_the_reference_and_logs_the_guard_scale(options):
     recorder, expected, optimizer, model = _fit_and_reference(
         "mlp",
         "ce",
         frequency=3,
         kl_clip=0.03,
-        weight_decay=1e-2,
         learning_rate=0.1,
         damping=0.03,
         momentum=0.9,
         split_dim=4,
+        **options,
     )
     scales = np.array(optimizer.guard_scales)
     # The guard is active on some steps, not on others.

@@ -455,6 +455,31 @@ class CurvatureEstimator:
             batch_size,
         )
 
+    def curvature_norm(self, index, kernel_vector, bias_vector=None):
+        """`⟨u, F̂u⟩` of block `index`, `F̂ = c·A ⊗ c·G` its averaged
+        factors, undamped (`factor_decay`): `u` is `kernel_vector`, with
+        `bias_vector` the bias's part for a joint block."""
+        state = self._states[index]
+        block = self._blocks[index]
+        kernel_vector = ops.reshape(
+            ops.cast(kernel_vector, "float32"), block.kernel.shape
+        )
+        # The preconditioner's products, the factors in the inverses' place.
+        if bias_vector is None:
+            product = block.precondition(
+                kernel_vector, state.a_factor, state.g_factor, None, None
+            )
+            return ops.sum(product * kernel_vector)
+        bias_vector = ops.reshape(
+            ops.cast(bias_vector, "float32"), block.bias.shape
+        )
+        kernel_product, bias_product = block.precondition_pair(
+            kernel_vector, bias_vector, state.a_factor, state.g_factor
+        )
+        return ops.sum(kernel_product * kernel_vector) + ops.sum(
+            bias_product * bias_vector
+        )
+
     def factored_gradient(self, index, inputs, output_grads):
         """`A⁻¹ · g · G⁻¹` of one call of block `index`'s layer, in the
         factored order, from the stored inverses."""

@@ -1,9 +1,15 @@
-"""THOR's step-size guard (`kl_clip`, kfac-pytorch's KL clip).
+"""THOR's step-size guard (`kl_clip`): kfac-pytorch's KL clip of the
+direction, or of the velocity the step leaves (`kl_clip_mode`).
 
 ```
 d_i = A_i⁻¹ · g_i · G_i⁻¹                 for each guarded kernel i
-ν   = min(1, sqrt(kl_clip / |lr² · Σ_i ⟨d_i, g_i⟩|))
-d_i ← ν · d_i
+"direction" (kfac-pytorch):
+    ν   = min(1, sqrt(kl_clip / |lr² · Σ_i ⟨d_i, g_i⟩|))
+    d_i ← ν · d_i
+"velocity":
+    u_i = μ · v_i + d_i                   the velocity the step would leave
+    ν   = min(1, sqrt(kl_clip / |lr² · Σ_i ⟨u_i, F̂_i u_i⟩|))
+    d_i ← ν · u_i − μ · v_i               so the step leaves ν · u_i
 ```
 
 Notation:
@@ -13,8 +19,17 @@ Notation:
       kernel's and the bias's together, and `d_i = [d_W; d_b]`.
     - `A_i⁻¹`, `G_i⁻¹`: the stored inverses; `lr`: the step's learning
       rate; the guarded kernels are the `StepPlan.guarded_kernels`.
+    - `v_i`: the variable's momentum (`μ`: THOR's `momentum`), `F̂_i =
+      c·A_i ⊗ c·G_i`: the block's averaged factors, undamped (the
+      curvature the step's KL is measured in; `factor_decay`).
     - `ν`: the guard scale, 1 for a zero or non-finite sum; the estimator
       keeps the last one for the logs (`thor_guard_scale`).
+
+The direction's clip bounds one step's `d`; with momentum the weights
+move by `lr · v`, about `d / (1 − μ)` once the velocity has built up, and
+the direction's bound leaves that to grow: on a loss summed over many
+outputs (benchmark 1's autoencoder) it did, and training diverged where
+the velocity's clip kept it stable (docs/thor.md, "Curvature options").
 """
 
 from keras import ops
@@ -78,9 +93,15 @@ def guarded_gradients(thor, variables, grads, loss_scale):
                 unscaled[bias],
                 *thor.estimator.inverses_of(index),
             )
+    if thor.kl_clip_mode == "velocity":
+        steps, kept, inner = _velocity_steps(
+            thor, variables, guarded, directions
+        )
+    else:
+        steps, kept = directions, {p: 0.0 for p in positions}
+        inner = sum(ops.sum(directions[p] * unscaled[p]) for p in positions)
     # Non-finite inner products give ν = 1 (the update then leaves
     # non-finite directions out).
-    inner = sum(ops.sum(directions[p] * unscaled[p]) for p in positions)
     scale = kl_clip_scale(
         inner, ops.cast(thor.learning_rate, "float32"), thor.kl_clip
     )
@@ -88,7 +109,26 @@ def guarded_gradients(thor, variables, grads, loss_scale):
     grads = list(grads)
     for position in positions:
         grads[position] = ops.cast(
-            scale * directions[position] * (loss_scale / count),
+            (scale * steps[position] - kept[position]) * (loss_scale / count),
             variables[position].dtype,
         )
     return grads
+
+
+def _velocity_steps(thor, variables, guarded, directions):
+    """`(u, μ·v, Σ ⟨u, F̂u⟩)` of the guarded blocks' `directions`
+    (`kl_clip_mode="velocity"`), the first two by variable position."""
+    momentum = thor.momentum
+    kept, steps = {}, {}
+    for position, direction in directions.items():
+        velocity = thor.velocity_of(variables[position])
+        kept[position] = momentum * ops.reshape(
+            ops.convert_to_tensor(velocity), direction.shape
+        )
+        steps[position] = kept[position] + direction
+    inner = 0.0
+    for kernel, bias, index in guarded:
+        inner += thor.estimator.curvature_norm(
+            index, steps[kernel], None if bias is None else steps[bias]
+        )
+    return steps, kept, inner

@@ -53,7 +53,9 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         G⁻¹ = blocks of (c·G + √λ_t/π·I)⁻¹
     d = A⁻¹ · g · G⁻¹                  (LayerNorm: g / (g²/N + √λ_t))
     d_b = g_b · G_b⁻¹ / (1 + π√λ_t)    (biases, with precondition_biases)
-    d = ν · d                          (kernels with curvature)
+    d = ν · d                          (kernels with curvature; with
+                                        kl_clip_mode="velocity":
+                                        d = ν·(momentum·v + d) − momentum·v)
     d = d + weight_decay · w           where decay_filter(w)
     d = d · min(1, 1 / ‖d‖)            if enable_clip_grad
     v = momentum · v + d
@@ -78,7 +80,9 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         - `ν`: the step-size guard, 1 unless `kl_clip` is set:
           `ν = min(1, sqrt(kl_clip / |lr_t² · Σ ⟨d, g⟩|))`, the sum over the
           kernels with curvature, and the biases if preconditioned
-          (kfac-pytorch's KL clip).
+          (kfac-pytorch's KL clip); with `kl_clip_mode="velocity"` the sum
+          is `Σ ⟨u, F̂u⟩` of the velocity `u = momentum·v + d` the step
+          would leave, `F̂ = c·A ⊗ c·G` the averaged factors.
 
     MindSpore's rule is the default. The options beyond it, from kfac-jax
     and kfac-pytorch (`factor_decay` to `trace_thresholds`; docs/thor.md
@@ -164,6 +168,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         conv_statistics_rows=None,
         fisher="empirical",
         kl_clip=None,
+        kl_clip_mode="direction",
         precondition_biases=None,
         trace_thresholds=None,
         clipnorm=None,
@@ -210,6 +215,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             conv_statistics_rows=conv_statistics_rows,
             fisher=fisher,
             kl_clip=kl_clip,
+            kl_clip_mode=kl_clip_mode,
             precondition_biases=precondition_biases,
             trace_thresholds=trace_thresholds,
         )
@@ -252,6 +258,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         "precondition_biases": "joint",
         "split_dim": 1024,
         "kl_clip": 0.01,
+        "kl_clip_mode": "velocity",
         "conv_statistics_rows": 32,
     }
 
@@ -262,12 +269,14 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         `learning_rate=1e-3, damping=1e-3, momentum=0.9, frequency=5,
         statistics_frequency=1, factor_decay=0.95, damping_split="pi",
         precondition_biases="joint", split_dim=1024, kl_clip=0.01,
-        conv_statistics_rows=32` (`THOR.RECOMMENDED`): statistics every
-        step into an average (a convolution's from the first 32 examples
-        of each batch), inverses every 5 steps, Martens & Grosse's damping
-        split, biases in their kernels' blocks, whole factors up to 1024
-        wide and a step-size guard; chosen on the held-out seed of the benchmark
-        tasks, one setting for all of them (docs/thor.md, "Tuning THOR").
+        kl_clip_mode="velocity", conv_statistics_rows=32`
+        (`THOR.RECOMMENDED`): statistics every step into an average (a
+        convolution's from the first 32 examples of each batch), inverses
+        every 5 steps, Martens & Grosse's damping split, biases in their
+        kernels' blocks, whole factors up to 1024 wide and a step-size
+        guard on the velocity; chosen on the held-out seed of the
+        benchmark tasks, one setting for all of them (docs/thor.md,
+        "Tuning THOR").
         Any argument of `THOR` overrides these, e.g.
         `THOR.recommended(learning_rate=3e-3, batch_size=128)`; without
         `batch_size` THOR takes the batch `fit` trains with.
@@ -405,6 +414,12 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
                 int(numpy_value(self._trained_batch_size)) or None
             )
             self._step_plan = None
+
+    def velocity_of(self, variable):
+        """The momentum `v` of `variable`, one of THOR's trained variables."""
+        return self._velocities[
+            keras_internals.trained_variable_index(self, variable)
+        ]
 
     def _variable_index(self, variable):
         return keras_internals.variable_index(self, variable)

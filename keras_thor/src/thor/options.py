@@ -13,6 +13,7 @@ from keras_thor.src.utils import validation
 
 FISHER_KINDS = ("empirical", "sampled")
 BIAS_RULES = (None, "shared", "all", "joint")
+KL_CLIP_MODES = ("direction", "velocity")
 # Faster at 2 and 4 CPU replicas (docs/benchmarks.md, "THOR's reductions").
 SPREAD_INVERSES_DEFAULT = True
 
@@ -62,6 +63,14 @@ CURVATURE_OPTION_ARGS = """split_indices: Sorted layer indices after which the
             THOR's update rule (`keras_thor.src.thor.kl_guard`).
             With it the kernels are preconditioned in the training step
             (never in the factored order). Defaults to `None`.
+        kl_clip_mode: `"direction"` (kfac-pytorch: `kl_clip` bounds
+            `lr² · Σ ⟨d, g⟩`, the step's preconditioned direction `d`) or
+            `"velocity"`: it bounds `lr² · Σ ⟨u, F̂u⟩`, the new velocity
+            `u = momentum · v + d` in the averaged factors' norm, and the
+            update leaves the scaled velocity (momentum included; see
+            `keras_thor.src.thor.kl_guard`). Without `kl_clip` there is no
+            guard either way; `"velocity"` with `kl_clip` needs
+            `factor_decay`. Defaults to `"direction"`.
         precondition_biases: `None` (MindSpore: biases take the plain
             gradient), `"shared"` or `"all"`: precondition the biases of
             layers with Kronecker curvature as K-FAC's homogeneous
@@ -231,6 +240,17 @@ def _checked_kl_clip(kl_clip):
     return kl_clip
 
 
+def _check_kl_clip_mode(kl_clip_mode, kl_clip, decay):
+    validation.check_one_of("kl_clip_mode", kl_clip_mode, KL_CLIP_MODES)
+    if kl_clip_mode == "velocity" and kl_clip is not None and decay is None:
+        raise ValueError(
+            'The velocity\'s guard (`kl_clip_mode="velocity"`) measures '
+            "the velocity in the averaged factors' norm: set `factor_decay` "
+            '(e.g. 0.95), or use kl_clip_mode="direction". Received: '
+            f"kl_clip_mode='velocity', kl_clip={kl_clip}, factor_decay=None"
+        )
+
+
 @with_curvature_option_args
 @dataclasses.dataclass(frozen=True)
 class CurvatureOptions:
@@ -256,6 +276,7 @@ class CurvatureOptions:
     conv_statistics_rows: int = None
     fisher: str = "empirical"
     kl_clip: float = None
+    kl_clip_mode: str = "direction"
     precondition_biases: str = None
     trace_thresholds: tuple = None
 
@@ -291,6 +312,9 @@ class CurvatureOptions:
             "damping_split", self.damping_split, DAMPING_SPLITS
         )
         checked["kl_clip"] = _checked_kl_clip(self.kl_clip)
+        _check_kl_clip_mode(
+            self.kl_clip_mode, checked["kl_clip"], checked["factor_decay"]
+        )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 
