@@ -98,7 +98,7 @@ def guarded_gradients(thor, variables, grads, loss_scale):
             thor, variables, guarded, directions
         )
     else:
-        steps, kept = directions, {p: 0.0 for p in positions}
+        steps, kept = directions, {}
         inner = sum(ops.sum(directions[p] * unscaled[p]) for p in positions)
     # Non-finite inner products give ν = 1 (the update then leaves
     # non-finite directions out).
@@ -109,7 +109,8 @@ def guarded_gradients(thor, variables, grads, loss_scale):
     grads = list(grads)
     for position in positions:
         grads[position] = ops.cast(
-            (scale * steps[position] - kept[position]) * (loss_scale / count),
+            (scale * steps[position] - kept.get(position, 0.0))
+            * (loss_scale / count),
             variables[position].dtype,
         )
     return grads
@@ -117,7 +118,8 @@ def guarded_gradients(thor, variables, grads, loss_scale):
 
 def _velocity_steps(thor, variables, guarded, directions):
     """`(u, μ·v, Σ ⟨u, F̂u⟩)` of the guarded blocks' `directions`
-    (`kl_clip_mode="velocity"`), the first two by variable position."""
+    (`kl_clip_mode="velocity"`), the first two by variable position (the
+    direction's guard keeps no `μ·v`)."""
     momentum = thor.momentum
     kept, steps = {}, {}
     for position, direction in directions.items():
