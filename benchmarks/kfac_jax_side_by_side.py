@@ -15,13 +15,15 @@ keras_thor):
    Keras model exactly as benchmark 1 does (`set_random_seed(seed)`, then
    the task's build) and writes `results/kfac_jax/<task>_data.npz` (the
    arrays as benchmark 1 loads them) and `<task>_seed<seed>.npz` (the
-   initial weights, the layer activations, one permutation of the training
-   set per epoch, the Keras model's metric, loss and logits at the initial
-   weights for the cross-check).
+   initial weights, the layer activations or the ResNet's weight paths,
+   one permutation of the training set per epoch, the Keras model's
+   metric, loss and logits at the initial weights for the cross-check).
 2. `--run`, `--grid`, `--report`, in `.venv-kfac` (`make kfac-jax-venv`,
-   from `benchmarks/requirements-kfac-jax.txt`): the same Dense stack as
-   plain JAX functions (kfac-jax's graph matcher registers each
-   `x @ w + b`), checked against the Keras numbers before training.
+   from `benchmarks/requirements-kfac-jax.txt`): the same model as plain
+   JAX functions, checked against the Keras numbers before training: a
+   Dense stack (kfac-jax's graph matcher registers each `x @ w + b`) or
+   (b)'s ResNet (`ResNetModel`: convolutions, BatchNormalization by the
+   batch, precise BN for the metric as benchmark 1).
 
 The shuffles are explicit: epoch e takes `permutations(seed, n, epochs)[e]`
 (NumPy, from the seed), batches of `batch` in that order, the last one
@@ -62,7 +64,7 @@ shipped on the same exported permutations, seeds 0-3, through benchmark
 `x[order]`), and writes `results/kfac_jax_side_by_side_thor.json`.
 
     .venv/bin/python benchmarks/kfac_jax_side_by_side.py --export \\
-        --tasks autoencoder mnist_mlp
+        --tasks autoencoder mnist_mlp resnet
     make kfac-jax-venv
     .venv-kfac/bin/python benchmarks/kfac_jax_side_by_side.py --run \\
         --tasks autoencoder --damping 1 --lr 0.01 --epochs 2   # a point
@@ -92,7 +94,7 @@ PREFIX = HERE.parent / "results" / "kfac_jax_side_by_side"
 TUNE_SEED = 0
 REPORT_SEEDS = (1, 2, 3)
 SEEDS = (TUNE_SEED, *REPORT_SEEDS)
-TASK_NAMES = ("autoencoder", "mnist_mlp")
+TASK_NAMES = ("autoencoder", "mnist_mlp", "resnet")
 
 # kfac-jax's fixed mode with its library defaults.
 MOMENTUM = 0.9
@@ -106,6 +108,7 @@ BURNIN_STEPS = 10
 GRIDS = {
     "autoencoder": dict(damping=(0.1, 1.0, 10.0), ratio=(0.003, 0.01, 0.03)),
     "mnist_mlp": dict(damping=(1e-4, 1e-3, 1e-2), ratio=(0.3, 1.0, 3.0)),
+    "resnet": dict(damping=(1e-4, 1e-3, 1e-2), ratio=(0.3, 1.0, 3.0)),
 }
 
 # The stream of the per-epoch permutations (NumPy, independent of Keras's
@@ -142,7 +145,35 @@ def _eval_arrays(name, tasks):
     x_train, x_test, _, y_test = tasks.mnist()
     if name == "autoencoder":
         return x_train, x_train
+    if name == "resnet":
+        return x_test.reshape(-1, 28, 28, 1), y_test
     return x_test, y_test
+
+
+def _structure(name, model, keras, tasks):
+    """What the JAX side rebuilds: `(meta fields, per-seed arrays)`.
+
+    A Dense stack: its activations. The ResNet (b): its stem's and blocks'
+    strides (the names of `tasks._resnet`) and each weight's path.
+    """
+    layers = [
+        layer
+        for layer in model.layers
+        if not isinstance(layer, keras.layers.InputLayer)
+    ]
+    if name == "resnet":
+        fields = dict(
+            model="resnet",
+            stem_strides=tasks.RESNET_STEM_STRIDES,
+            blocks=[["block1", 1], ["block2", 2]],
+        )
+        return fields, dict(
+            weight_paths=np.array([v.path for v in model.weights])
+        )
+    if not all(isinstance(la, keras.layers.Dense) for la in layers):
+        raise RuntimeError(f"{name}: not a stack of Dense layers")
+    activations = [la.get_config()["activation"] for la in layers]
+    return dict(model="dense"), dict(activations=np.array(activations))
 
 
 def export(names, seeds):
@@ -160,7 +191,8 @@ def export(names, seeds):
         task = bench.TASKS[name]
         x_train, y_train, evaluate = task.load()
         x_eval, y_eval = _eval_arrays(name, tasks)
-        if not np.array_equal(x_train, tasks.mnist()[0]):
+        flat = x_train.reshape(len(x_train), -1)
+        if not np.array_equal(flat, tasks.mnist()[0]):
             raise RuntimeError(f"{name}: training images are not mnist()'s")
         stored = protocol.get(name, {})
         sigmoid = task.loss is tasks.sigmoid_cross_entropy
@@ -182,45 +214,48 @@ def export(names, seeds):
         arrays = dict(x_train=x_train, x_eval=x_eval, y_eval=y_eval)
         if not sigmoid:
             arrays["y_train"] = y_train
-        np.savez(data_path, meta=json.dumps(meta), **arrays)
-        _say(f"wrote {data_path}: {meta}")
+        statistics = None
+        if name == "resnet":
+            statistics = x_train[: bench.PRECISE_BN_IMAGES]
+            arrays["x_statistics"] = statistics
         for seed in seeds:
             keras.utils.set_random_seed(seed)
             model = task.build()
-            layers = [
-                layer
-                for layer in model.layers
-                if not isinstance(layer, keras.layers.InputLayer)
-            ]
-            if not all(isinstance(la, keras.layers.Dense) for la in layers):
-                raise RuntimeError(f"{name}: not a stack of Dense layers")
-            activations = [la.get_config()["activation"] for la in layers]
+            fields, structure = _structure(name, model, keras, tasks)
             weights = model.get_weights()
             order = permutations(seed, len(x_train), 1)[0][: task.batch]
             first, targets = x_train[order], y_train[order]
-            logits = model(first, training=False)
-            loss = keras.ops.mean(task.loss(targets, logits))
+            metric = float(evaluate(model))
+            with tasks.precise_batch_norm(model, statistics):
+                logits = model(x_eval[:16], training=False)
+            # Training mode: a BatchNormalization normalizes by the batch.
+            loss = keras.ops.mean(
+                task.loss(targets, model(first, training=True))
+            )
             check = dict(
-                metric=float(evaluate(model)),
+                metric=metric,
                 loss=float(keras.ops.convert_to_numpy(loss)),
-                logits=keras.ops.convert_to_numpy(model(x_eval[:16])),
+                logits=keras.ops.convert_to_numpy(logits),
             )
             tasks.release(model)
             _, seed_path = _paths(name, seed)
             np.savez(
                 seed_path,
-                activations=np.array(activations),
                 permutations=permutations(seed, len(x_train), task.budget),
                 check_metric=check["metric"],
                 check_loss=check["loss"],
                 check_logits=check["logits"],
+                **structure,
                 **{f"weight{i}": w for i, w in enumerate(weights)},
             )
             _say(
-                f"wrote {seed_path}: {len(layers)} Dense layers "
-                f"({', '.join(activations)}), initial {task.metric} "
-                f"{check['metric']:.6g}, first-batch loss {check['loss']:.6g}"
+                f"wrote {seed_path}: {len(weights)} weights, initial "
+                f"{task.metric} {check['metric']:.6g}, first-batch loss "
+                f"{check['loss']:.6g}"
             )
+        meta.update(fields)
+        np.savez(data_path, meta=json.dumps(meta), **arrays)
+        _say(f"wrote {data_path}: {meta}")
 
 
 def thor(names, seeds):
@@ -275,7 +310,8 @@ def thor(names, seeds):
 
 
 def load(name, seed):
-    """(meta, arrays, weights, activations, permutations, check)."""
+    """(meta, arrays, weights, structure, permutations, check); the
+    structure is a Dense stack's activations or the ResNet's weight paths."""
     data_path, seed_path = _paths(name, seed)
     for path in (data_path, seed_path):
         if not path.exists():
@@ -289,18 +325,19 @@ def load(name, seed):
     if "y_train" not in arrays:
         arrays["y_train"] = arrays["x_train"]
     per_seed = np.load(seed_path)
-    count = len([k for k in per_seed.files if k.startswith("weight")])
+    count = len([k for k in per_seed.files if k[6:].isdigit()])
     weights = [per_seed[f"weight{i}"] for i in range(count)]
     check = dict(
         metric=float(per_seed["check_metric"]),
         loss=float(per_seed["check_loss"]),
         logits=per_seed["check_logits"],
     )
+    key = "weight_paths" if meta.get("model") == "resnet" else "activations"
     return (
         meta,
         arrays,
         weights,
-        [str(a) for a in per_seed["activations"]],
+        [str(a) for a in per_seed[key]],
         per_seed["permutations"],
         check,
     )
@@ -348,6 +385,10 @@ class Model:
         self.forward = jax.jit(logits)
         self.batch_loss = jax.jit(loss)
 
+    def params(self, weights):
+        """The exported weights as `[(kernel, bias), ...]`."""
+        return [(weights[i], weights[i + 1]) for i in range(0, len(weights), 2)]
+
     def predict(self, params, x, batch=1000):
         return np.concatenate(
             [
@@ -362,6 +403,106 @@ class Model:
         if self.sigmoid:
             sigmoid = 0.5 * (1.0 + np.tanh(0.5 * logits))
             return float(np.mean(np.square(sigmoid - x_eval)))
+        if not np.all(np.isfinite(logits)):
+            return float("nan")
+        return float(np.mean(np.argmax(logits, axis=1) == y_eval))
+
+
+class ResNetModel:
+    """Task (b)'s ResNet (`tasks._resnet`) and loss as plain JAX functions.
+
+    Training normalizes each BatchNormalization by its batch (biased
+    variance, ε 10⁻³, as Keras); the metric is benchmark 1's: precise BN
+    (each normalization's mean and variance over the exported
+    `x_statistics` at the current weights), then the test accuracy.
+    kfac-jax's graph matcher registers the convolutions (Kronecker
+    factored), the normalizations' scale and shift (diagonal) and the Dense
+    layer.
+    """
+
+    EPSILON = 1e-3
+
+    def __init__(self, meta, weight_paths, statistics):
+        import jax
+        import jax.numpy as jnp
+        import kfac_jax
+
+        self.paths = weight_paths
+        self.statistics = statistics
+
+        def conv(x, kernel, strides):
+            return jax.lax.conv_general_dilated(
+                x,
+                kernel,
+                (strides, strides),
+                "SAME",
+                dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            )
+
+        def normalized(x, layer, moments, used):
+            if moments is None:
+                mean = jnp.mean(x, axis=(0, 1, 2))
+                variance = jnp.mean(jnp.square(x - mean), axis=(0, 1, 2))
+            else:
+                mean, variance = moments[len(used)]
+            used.append((mean, variance))
+            x = (x - mean) * jax.lax.rsqrt(variance + self.EPSILON)
+            return x * layer["gamma"] + layer["beta"]
+
+        def block(p, x, name, strides, moments, used):
+            y = conv(x, p[f"{name}_conv1"]["kernel"], strides)
+            y = jax.nn.relu(normalized(y, p[f"{name}_bn1"], moments, used))
+            y = conv(y, p[f"{name}_conv2"]["kernel"], 1)
+            y = normalized(y, p[f"{name}_bn2"], moments, used)
+            if f"{name}_proj" in p:
+                x = conv(x, p[f"{name}_proj"]["kernel"], strides)
+                x = normalized(x, p[f"{name}_proj_bn"], moments, used)
+            return jax.nn.relu(y + x)
+
+        def logits_and_moments(p, x, moments=None):
+            used = []
+            x = conv(x, p["stem"]["kernel"], meta["stem_strides"])
+            x = jax.nn.relu(normalized(x, p["stem_bn"], moments, used))
+            for name, strides in meta["blocks"]:
+                x = block(p, x, name, strides, moments, used)
+            x = jnp.mean(x, axis=(1, 2))
+            return x @ p["logits"]["kernel"] + p["logits"]["bias"], used
+
+        def loss(params, batch):
+            x, y = batch
+            out = logits_and_moments(params, x)[0]
+            kfac_jax.register_softmax_cross_entropy_loss(out, y)
+            log_p = jax.nn.log_softmax(out)
+            picked = jnp.take_along_axis(log_p, y[:, None], axis=1)
+            return -jnp.mean(picked)
+
+        self.loss = loss
+        self.batch_loss = jax.jit(loss)
+        self.moments = jax.jit(lambda p, x: logits_and_moments(p, x)[1])
+        self.forward = jax.jit(lambda p, x, m: logits_and_moments(p, x, m)[0])
+
+    def params(self, weights):
+        """`{layer: {weight: array}}` of the trained weights (the moving
+        statistics left out: the metric recomputes them)."""
+        params = {}
+        for path, weight in zip(self.paths, weights):
+            layer, name = path.split("/")[-2:]
+            if name not in ("moving_mean", "moving_variance"):
+                params.setdefault(layer, {})[name] = weight
+        return params
+
+    def predict(self, params, x, batch=1000):
+        moments = self.moments(params, self.statistics)
+        return np.concatenate(
+            [
+                np.asarray(self.forward(params, x[i : i + batch], moments))
+                for i in range(0, len(x), batch)
+            ]
+        )
+
+    def metric(self, params, x_eval, y_eval):
+        """tasks.test_accuracy with precise BN."""
+        logits = self.predict(params, x_eval)
         if not np.all(np.isfinite(logits)):
             return float("nan")
         return float(np.mean(np.argmax(logits, axis=1) == y_eval))
@@ -425,7 +566,7 @@ def run(name, seed, damping, lr, epochs=None, stop=True):
     import kfac_jax
 
     warnings.filterwarnings("ignore", message=".*donated buffers.*")
-    meta, arrays, weights, activations, orders, check = load(name, seed)
+    meta, arrays, weights, structure, orders, check = load(name, seed)
     x_train, y_train = arrays["x_train"], arrays["y_train"]
     x_eval, y_eval = arrays["x_eval"], arrays["y_eval"]
     batch = meta["batch"]
@@ -456,9 +597,12 @@ def run(name, seed, damping, lr, epochs=None, stop=True):
     )
     start = time.perf_counter()
     if name not in _MODELS:
-        _MODELS[name] = Model(meta, activations)
+        if meta.get("model") == "resnet":
+            _MODELS[name] = ResNetModel(meta, structure, arrays["x_statistics"])
+        else:
+            _MODELS[name] = Model(meta, structure)
     model = _MODELS[name]
-    params0 = [(weights[i], weights[i + 1]) for i in range(0, len(weights), 2)]
+    params0 = model.params(weights)
 
     # The cross-check against the Keras model at the initial weights.
     jparams = jax.tree.map(jnp.asarray, params0)

@@ -18,6 +18,7 @@ Also the digits helpers the other benchmarks import (`digits`, `mlp`,
 `digits_resnet`, `LOSS`).
 """
 
+import contextlib
 import functools
 import os
 import time
@@ -343,17 +344,12 @@ def _predict(model, x, batch=1000):
     )
 
 
-def test_accuracy(model, x_statistics, x_test, y_test):
-    """Test accuracy with BatchNormalization's population statistics.
-
-    The moving averages lag behind weights that change fast (at the start
-    of training a ResNet's inference-mode accuracy stays at chance for an
-    epoch or more, for every optimizer), so before the test pass each
-    BatchNormalization layer takes the mean and variance of its inputs over
-    `x_statistics` (training images) at the current weights ("precise
-    BN"); the moving averages are put back afterwards, so training is
-    unchanged. Without BatchNormalization: the plain test accuracy.
-    """
+@contextlib.contextmanager
+def precise_batch_norm(model, x_statistics):
+    """Inside, each BatchNormalization layer's moving mean and variance are
+    those of its inputs over `x_statistics` (training images) at the
+    current weights ("precise BN"); the moving averages are put back on
+    exit, so training is unchanged. Without BatchNormalization: nothing."""
     norms = list(batch_normalizations(model))
     moving = [v for norm in norms for v in norm.non_trainable_variables]
     saved = [keras.ops.convert_to_numpy(v) for v in moving]
@@ -363,12 +359,25 @@ def test_accuracy(model, x_statistics, x_test, y_test):
     try:
         if norms:
             _forward(model, True)(x_statistics)
-        logits = _predict(model, x_test)
+        yield
     finally:
         for norm, momentum in zip(norms, momenta):
             norm.momentum = momentum
         for variable, value in zip(moving, saved):
             variable.assign(value)
+
+
+def test_accuracy(model, x_statistics, x_test, y_test):
+    """Test accuracy with BatchNormalization's population statistics.
+
+    The moving averages lag behind weights that change fast (at the start
+    of training a ResNet's inference-mode accuracy stays at chance for an
+    epoch or more, for every optimizer), so the test pass runs under
+    `precise_batch_norm` over `x_statistics`. Without BatchNormalization:
+    the plain test accuracy.
+    """
+    with precise_batch_norm(model, x_statistics):
+        logits = _predict(model, x_test)
     if not np.all(np.isfinite(logits)):
         return float("nan")
     return float(np.mean(np.argmax(logits, axis=1) == y_test))
