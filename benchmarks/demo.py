@@ -41,46 +41,40 @@ import pathlib
 import sys
 import time
 
-import numpy as np
-
 START = time.perf_counter()
-HERE = pathlib.Path(__file__).resolve().parent
-PROTOCOL = HERE / "thor_time_to_accuracy_protocol.json"
-SEEDS = (1, 2, 3)
+
+import harness  # noqa: E402  (sets up the backend first)
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import outcomes  # noqa: E402
+import tasks  # noqa: E402
+from outcomes import describe  # noqa: E402
+from outcomes import fmt  # noqa: E402
+from outcomes import say  # noqa: E402
+
+import keras_thor  # noqa: E402
+
+PROTOCOL = harness.RECORDED_PROTOCOL
+SEEDS = outcomes.REPORT_SEEDS
+TASK = harness.TASKS["digits"]
 # THOR's MindSpore rule on digits: see the module docstring.
 MINDSPORE_POINT = dict(lr=0.1, schedule="constant", at=None)
 PRESET = "THOR.recommended()"
 MINDSPORE = "THOR, MindSpore's rule"
 
 
-def _say(text=""):
-    print(text, flush=True)
-
-
 # ---------------------------------------------------------------------------
-# Training (TensorFlow imported here)
+# Training
 
 
 def _train(check_fresh):
     """Trains every optimizer on every seed; returns the rows and the
     task's facts."""
-    sys.path.insert(0, str(HERE))
-    # As thor_time_to_accuracy.py sets them, before Keras is imported.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")  # THOR trains on TF
-    global bench, keras, keras_thor, TASK
-    import keras
-    import thor_time_to_accuracy as bench  # sets up the backend
-
-    import keras_thor
-
-    assert tuple(bench.REPORT_SEEDS) == SEEDS
-    TASK = bench.TASKS["digits"]
-    protocol = json.loads(bench.RECORDED_PROTOCOL.read_text())["digits"]
+    protocol = json.loads(PROTOCOL.read_text())["digits"]
     target = protocol["target"]
     data = TASK.load()
-    steps = bench.steps_per_epoch(TASK, data[0])
-    _say(
+    steps = harness.steps_per_epoch(TASK, data[0])
+    say(
         f"keras {keras.__version__}, backend {keras.backend.backend()}, "
         f"keras_thor {keras_thor.__version__}, {os.cpu_count()} CPUs"
     )
@@ -105,10 +99,10 @@ def _train(check_fresh):
                 wall=wall,
             )
         )
-        _say(
+        say(
             f"  {name:<24} epochs to {target:g} on seeds "
             f"{', '.join(map(str, SEEDS))}: "
-            f"{'/'.join(_fmt(g[0]) for g in got)}; {wall:.1f} s wall "
+            f"{'/'.join(fmt(g[0]) for g in got)}; {wall:.1f} s wall "
             f"({warm_up:.1f} s building and tracing)"
         )
     checks = []
@@ -128,7 +122,7 @@ def _entries(protocol, steps):
     saw it reach the target (None: THOR), and whether it is left out (a
     baseline without a best point)."""
     preset_rate = keras_thor.optimizers.THOR.RECOMMENDED["learning_rate"]
-    frequency = bench.mindspore_frequency(steps)
+    frequency = harness.mindspore_frequency(steps)
     rows = [
         dict(
             name=PRESET,
@@ -145,12 +139,12 @@ def _entries(protocol, steps):
         dict(
             name=MINDSPORE,
             setting=f"lr {MINDSPORE_POINT['lr']:g}, damping "
-            f"{bench.MINDSPORE_DAMPING:g}, freq. {frequency}",
+            f"{harness.MINDSPORE_DAMPING:g}, freq. {frequency}",
             label=f"{MINDSPORE} (lr {MINDSPORE_POINT['lr']:g}, damping "
-            f"{bench.MINDSPORE_DAMPING:g}, frequency {frequency}; rate not "
+            f"{harness.MINDSPORE_DAMPING:g}, frequency {frequency}; rate not "
             "tuned on digits)",
-            make=lambda: bench.make_optimizer(
-                bench.THOR_MINDSPORE, MINDSPORE_POINT, TASK, steps
+            make=lambda: harness.make_optimizer(
+                harness.THOR_MINDSPORE, MINDSPORE_POINT, TASK, steps
             ),
             thor=True,
             point=MINDSPORE_POINT,
@@ -158,21 +152,21 @@ def _entries(protocol, steps):
             skip=False,
         ),
     ]
-    for name in bench.BASELINES:
+    for name in harness.BASELINES:
         best = protocol["best"][name]
         point = best["point"]
         rows.append(
             dict(
                 name=name,
-                setting=f"lr {bench.describe(point)}",
-                label=f"{name} lr {bench.describe(point)} ("
+                setting=f"lr {describe(point)}",
+                label=f"{name} lr {describe(point)} ("
                 + (
                     "best of the recorded tune)"
                     if best["reached"]
                     else "closest of the recorded tune; none reached the "
                     "target)"
                 ),
-                make=lambda name=name, point=point: bench.make_optimizer(
+                make=lambda name=name, point=point: harness.make_optimizer(
                     name, point, TASK, steps
                 ),
                 thor=False,
@@ -185,7 +179,7 @@ def _entries(protocol, steps):
 
 
 def _seed_weights(thor):
-    """Each seed's initial weights, as `bench.run` builds them."""
+    """Each seed's initial weights, as `harness.run` builds them."""
     weights = {}
     for seed in SEEDS:
         keras.utils.set_random_seed(seed)
@@ -201,47 +195,24 @@ def _runs_of(entry, data, target, weights):
     that seed's initial weights and the optimizer's initial state (all its
     variables, `iterations` included).
 
-    As in `bench.run`, each seed is set just before the warm-up, so the
+    As in `harness.run`, each seed is set just before the warm-up, so the
     timed run shuffles as the full protocol's does: setting TensorFlow's
     seed makes every `tf.function` trace again on its next call (0.2-1 s
     here), so each seed gets its own warm-up, outside the clock.
     """
-    x_train, y_train, evaluate = data
-    steps = bench.steps_per_epoch(TASK, x_train)
+    steps = harness.steps_per_epoch(TASK, data[0])
     start = time.perf_counter()
     keras.utils.set_random_seed(SEEDS[0])
-    model = TASK.build()
-    if entry["thor"]:
-        model = keras_thor.convert_to_thor_model(model)
-    model.compile(optimizer=entry["make"](), loss=TASK.loss)
-    model.optimizer.build(model.trainable_variables)
-    _, optimizer_state = bench._state(model)
+    model = harness.compiled_model(TASK, entry["make"], entry["thor"])
+    _, optimizer_state = harness.snapshot(model)
     warm_up = time.perf_counter() - start
     records = []
     for seed in SEEDS:
-        started = time.perf_counter()
-        keras.utils.set_random_seed(seed)  # the shuffles, as in bench.run
-        bench._warm_up(model, x_train, y_train, TASK.batch)
-        bench._restore(model, (weights[seed], optimizer_state))
-        warm_up += time.perf_counter() - started
-        tracker = bench.TimeToTarget(
-            TASK,
-            evaluate,
-            steps,
-            bench.CHECKS_PER_EPOCH,
-            ["y"],
-            target,
-            "y",
-            None,
+        warm_up += harness.warm_up_and_reset(
+            model, TASK, data, (weights[seed], optimizer_state), seed
         )
-        model.fit(
-            x_train,
-            y_train,
-            batch_size=TASK.batch,
-            epochs=TASK.budget,
-            callbacks=[tracker],
-            verbose=0,
-        )
+        tracker = harness.TimeToTarget(TASK, data[2], steps, target, stop="y")
+        harness.train_timed(model, TASK, data, tracker)
         records.append(
             dict(
                 seed=seed,
@@ -252,23 +223,27 @@ def _runs_of(entry, data, target, weights):
                 diverged=tracker.diverged,
             )
         )
-    bench.tasks.release(model)
+    tasks.release(model)
     return records, warm_up, time.perf_counter() - start
 
 
 def _to_target(record, target):
-    got = bench.reached(
-        TASK, record["epochs"], record["seconds"], record["metrics"], target
+    got = outcomes.reached(
+        record["epochs"],
+        record["seconds"],
+        record["metrics"],
+        target,
+        TASK.higher_is_better,
     )
     return got or (math.inf, math.inf)
 
 
 def _check_fresh(row, data, target, seed):
-    """Reruns `row` on `seed` with a fresh model (`bench.run`, the full
+    """Reruns `row` on `seed` with a fresh model (`harness.run`, the full
     protocol's path) and compares the curves with the reused model's."""
-    key = {PRESET: bench.THOR_RECOMMENDED, MINDSPORE: bench.THOR_MINDSPORE}
+    key = {PRESET: harness.THOR_RECOMMENDED, MINDSPORE: harness.THOR_MINDSPORE}
     name = row["name"]
-    fresh = bench.run(
+    fresh = harness.run(
         TASK, data, key.get(name, name), row["point"], seed, target, True
     )
     reused = next(r for r in row["runs"] if r["seed"] == seed)
@@ -286,7 +261,7 @@ def _check_fresh(row, data, target, seed):
         f"training seconds {fresh['seconds'][-1]:.2f} fresh, "
         f"{reused['seconds'][-1]:.2f} reused"
     )
-    _say(line)
+    say(line)
     return dict(name=name, same=bool(same), line=line)
 
 
@@ -294,23 +269,8 @@ def _check_fresh(row, data, target, seed):
 # The report
 
 
-def _median(values):
-    return float(np.median(values))
-
-
-def _fmt(value, digits=3):
-    return "-" if not math.isfinite(value) else f"{value:.{digits}g}"
-
-
-def _describe(point):
-    text = f"{point['lr']:g} {point['schedule']}"
-    if point.get("at"):
-        text += f" at {point['at']}"
-    return text
-
-
 def table(rows, target, meta):
-    _say(
+    say(
         f"\n(a) {meta['title']}: epochs and training seconds to test "
         f"accuracy >= {target:g} (360 test images), seeds "
         f"{', '.join(map(str, SEEDS))}; '-': not reached in "
@@ -321,11 +281,11 @@ def table(rows, target, meta):
         f"{'median':>6} {'median s':>8} {'last acc per seed':<18} "
         f"{'warm-up s':>9}"
     )
-    _say(header)
-    _say("-" * len(header))
+    say(header)
+    say("-" * len(header))
     for row in rows:
         if "runs" not in row:
-            _say(
+            say(
                 f"{row['name']:<24} not run: no rate of its grid reached "
                 "the target in the recorded tune (seed 0)"
             )
@@ -333,15 +293,15 @@ def table(rows, target, meta):
         last = [
             r["metrics"][-1] if r["metrics"] else math.nan for r in row["runs"]
         ]
-        _say(
+        say(
             f"{row['name']:<24} {row['setting']:<34} "
-            f"{'/'.join(_fmt(e) for e in row['epochs']):<17} "
-            f"{_fmt(row['median_epochs']):>6} "
-            f"{_fmt(row['median_seconds'], 2):>8} "
+            f"{'/'.join(fmt(e) for e in row['epochs']):<17} "
+            f"{fmt(row['median_epochs']):>6} "
+            f"{fmt(row['median_seconds'], 2):>8} "
             f"{'/'.join(f'{a:.3f}' for a in last):<18} "
             f"{row['warm_up']:>9.1f}"
         )
-    _say(
+    say(
         "THOR: no rate tuned on digits. Baselines: the best points of the "
         "recorded tune (seed 0). Warm-up: building the model once and tracing "
         "(per seed), outside the clock."
@@ -372,16 +332,16 @@ def verdict(rows, target):
         seconds = row["median_seconds"] / best["median_seconds"]
         parts.append(
             f"{row['name']} reached it on {reached} of {len(SEEDS)} seeds, "
-            f"in {_fmt(epochs, 2)}x the epochs "
+            f"in {fmt(epochs, 2)}x the epochs "
             f"({'fewer' if epochs < 1 else 'no fewer'}) and "
-            f"{_fmt(seconds, 2)}x the training seconds "
+            f"{fmt(seconds, 2)}x the training seconds "
             f"({'less' if seconds < 1 else 'no less'}) of the best baseline"
         )
     return (
         f"Verdict (medians over seeds {SEEDS[0]}-{SEEDS[-1]}, target "
         f"{target:g}; best baseline {best['name']} "
-        f"{_describe(best['point'])}: {_fmt(best['median_epochs'])} epochs, "
-        f"{_fmt(best['median_seconds'], 2)} s): "
+        f"{describe(best['point'])}: {fmt(best['median_epochs'])} epochs, "
+        f"{fmt(best['median_seconds'], 2)} s): "
         + "; ".join(parts)
         + ". A demo on 360 test images, not a claim."
     )
@@ -402,8 +362,8 @@ def plot(rows, target, meta, path):
             if j == 0:
                 reached = sum(math.isfinite(e) for e in row["epochs"])
                 label = f"{row['label']}: " + (
-                    f"median {_fmt(row['median_epochs'])} epochs, "
-                    f"{_fmt(row['median_seconds'], 2)} s"
+                    f"median {fmt(row['median_epochs'])} epochs, "
+                    f"{fmt(row['median_seconds'], 2)} s"
                     if math.isfinite(row["median_epochs"])
                     else "not reached on the median seed"
                 )
@@ -445,17 +405,7 @@ def plot(rows, target, meta, path):
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)
     plt.close(figure)
-    _say(f"wrote {path}")
-
-
-def _plain(value):
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+    say(f"wrote {path}")
 
 
 def main():
@@ -479,7 +429,7 @@ def main():
             "--phase tune --optimizers baselines --tasks digits"
         )
     target = protocol["target"]
-    _say(
+    say(
         f"Target {target:g} and baseline points: the recorded tune of "
         f"{protocol['written']} (seed 0, {PROTOCOL.name}); seeds "
         f"{', '.join(map(str, SEEDS))}"
@@ -487,38 +437,34 @@ def main():
     rows, checks, meta = _train(args.check_fresh)
     ran = [row for row in rows if "runs" in row]
     for row in ran:
-        row["median_epochs"] = _median(row["epochs"])
-        row["median_seconds"] = _median(row["seconds"])
+        row["median_epochs"] = outcomes.median(row["epochs"])
+        row["median_seconds"] = outcomes.median(row["seconds"])
     table(rows, target, meta)
     line = verdict(ran, target)
-    _say("\n" + line)
+    say("\n" + line)
     prefix = pathlib.Path(args.prefix)
     plot(ran, target, meta, prefix.with_name(prefix.name + "_digits.png"))
     out = prefix.with_name(prefix.name + "_digits.json")
-    out.write_text(
-        json.dumps(
-            _plain(
-                dict(
-                    target=target,
-                    seeds=list(SEEDS),
-                    protocol_written=protocol["written"],
-                    rows=rows,
-                    verdict=line,
-                    checks=checks,
-                    written=time.strftime("%Y-%m-%d %H:%M:%S"),
-                )
-            ),
-            indent=1,
-        )
+    outcomes.write(
+        out,
+        dict(
+            target=target,
+            seeds=list(SEEDS),
+            protocol_written=protocol["written"],
+            rows=rows,
+            verdict=line,
+            checks=checks,
+            written=time.strftime("%Y-%m-%d %H:%M:%S"),
+        ),
     )
-    _say(f"wrote {out}")
+    say(f"wrote {out}")
     if checks:
         same = sum(check["same"] for check in checks)
-        _say(
+        say(
             f"fresh models against reused ones on seed {SEEDS[0]}: {same} "
             f"of {len(checks)} the same"
         )
-    _say(f"demo: {time.perf_counter() - START:.0f} s in all")
+    say(f"demo: {time.perf_counter() - START:.0f} s in all")
 
 
 if __name__ == "__main__":

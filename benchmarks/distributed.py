@@ -37,8 +37,8 @@ tf.config.set_logical_device_configuration(
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from boost_throughput import StepTimes  # noqa: E402
-from thor_time_to_accuracy import LOSS  # noqa: E402
-from thor_time_to_accuracy import digits  # noqa: E402
+from tasks import LOSS  # noqa: E402
+from tasks import digits  # noqa: E402
 
 import keras_thor  # noqa: E402
 from keras_thor.boost import AdaSum  # noqa: E402

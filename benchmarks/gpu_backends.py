@@ -5,7 +5,8 @@ damped inverses, the π split) is `keras.ops` and the optimizers run on
 every backend. This script times, on the backend `KERAS_BACKEND` names
 and the device it sees:
 
-- `damped_block_inverse` of one `d`-wide factor, whole (`split_dim ≥ d`)
+- THOR's inversion of one `d`-wide factor (cut into diagonal blocks,
+  damped, inverted: `damped_inverse_of_blocks`), whole (`split_dim ≥ d`)
   and cut every 1,024 (THOR's refresh-step inverse), median of `--repeats`
   after warm-up, with the device synchronised;
 - one `mixed_bfloat16` fit of an MLP with ASGD (state stays float32).
@@ -24,7 +25,8 @@ import keras
 import numpy as np
 
 import keras_thor
-from keras_thor.src.thor.block_inverse import damped_block_inverse
+from keras_thor.src.thor.block_inverse import damped_inverse_of_blocks
+from keras_thor.src.thor.block_inverse import diagonal_blocks
 
 DIMS = (256, 1024, 2048, 4096)
 
@@ -59,7 +61,9 @@ def _synchronise(value):
 
 def _inverse_function(split_dim):
     def inverse(factor):
-        return damped_block_inverse(factor, 0.01, split_dim)[0]
+        blocks = diagonal_blocks(factor, split_dim)
+        layout = (1, factor.shape[-1])
+        return damped_inverse_of_blocks(blocks, 0.01, layout)[0]
 
     if keras.backend.backend() == "jax":
         import jax

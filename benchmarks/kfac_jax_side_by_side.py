@@ -1,7 +1,7 @@
 """kfac-jax side by side with THOR benchmark 1, in the same run (issue 24).
 
 kfac-jax 0.0.8 (fixed mode, its README's advice for stochastic training)
-trains a task of `thor_time_to_accuracy.py` from the same data, the same
+trains a task of benchmark 1 (`harness.py`) from the same data, the same
 initial weights (exported from the Keras model the benchmark builds) and
 the same batches, and is measured the same way: the metric
 `checks_per_epoch` times an epoch (the task's value in the protocol file)
@@ -53,14 +53,14 @@ epoch (burn-in included).
 
 Grid (`GRIDS`): damping lambda x lr / lambda on seed 0, each point stopped
 at the target; best point = fewest epochs to the target, ties less time
-(`select`, as benchmark 1's `select`, which needs Keras to import;
-closest final metric if no point reaches it); `--report` runs it on seeds
-1-3. `--quick`: the middle grid point, 2 epochs, one report seed, files
+(benchmark 1's `outcomes.select`, which needs no Keras; closest final
+metric if no point reaches it); `--report` runs it on seeds 1-3.
+`--quick`: the middle grid point, 2 epochs, one report seed, files
 `results/quick_kfac_jax_side_by_side_*`.
 
 `--thor` (main `.venv`) trains `THOR.recommended(batch_size=...)` as
 shipped on the same exported permutations, seeds 0-3, through benchmark
-1's `run` (its warm-up, clock and checks; one `fit` per epoch on
+1's `harness.run` (its warm-up, clock and checks; one `fit` per epoch on
 `x[order]`), and writes `results/kfac_jax_side_by_side_thor.json`.
 
     .venv/bin/python benchmarks/kfac_jax_side_by_side.py --export \\
@@ -86,13 +86,16 @@ import time
 import warnings
 
 import numpy as np
+import outcomes
+from outcomes import REPORT_SEEDS
+from outcomes import TUNE_SEED
+from outcomes import fmt
+from outcomes import say
 
 HERE = pathlib.Path(__file__).resolve().parent
 EXPORT_DIR = HERE.parent / "results" / "kfac_jax"
 PREFIX = HERE.parent / "results" / "kfac_jax_side_by_side"
 
-TUNE_SEED = 0
-REPORT_SEEDS = (1, 2, 3)
 SEEDS = (TUNE_SEED, *REPORT_SEEDS)
 TASK_NAMES = ("autoencoder", "mnist_mlp", "resnet")
 
@@ -123,10 +126,6 @@ def permutations(seed, count, epochs):
     return np.stack([rng.permutation(count) for _ in range(epochs)]).astype(
         np.int32
     )
-
-
-def _say(text):
-    print(text, flush=True)
 
 
 def _paths(task, seed):
@@ -178,17 +177,17 @@ def _structure(name, model, keras, tasks):
 
 def export(names, seeds):
     """Writes each task's data and each seed's weights and shuffles."""
+    import harness
     import keras
     import tasks
-    import thor_time_to_accuracy as bench
 
-    protocol = json.loads(bench.RECORDED_PROTOCOL.read_text())
+    protocol = json.loads(harness.RECORDED_PROTOCOL.read_text())
     EXPORT_DIR.mkdir(parents=True, exist_ok=True)
     for name in names:
-        if name not in bench.TASKS:
-            _say(f"{name}: not a task of thor_time_to_accuracy.py (yet)")
+        if name not in harness.TASKS:
+            say(f"{name}: not a task of benchmark 1 (yet)")
             continue
-        task = bench.TASKS[name]
+        task = harness.TASKS[name]
         x_train, y_train, evaluate = task.load()
         x_eval, y_eval = _eval_arrays(name, tasks)
         flat = x_train.reshape(len(x_train), -1)
@@ -204,7 +203,7 @@ def export(names, seeds):
             batch=task.batch,
             budget=task.budget,
             checks_per_epoch=stored.get(
-                "checks_per_epoch", bench.CHECKS_PER_EPOCH
+                "checks_per_epoch", harness.CHECKS_PER_EPOCH
             ),
             target=stored.get("target"),
             loss="sigmoid_sum" if sigmoid else "softmax_mean",
@@ -216,7 +215,7 @@ def export(names, seeds):
             arrays["y_train"] = y_train
         statistics = None
         if name == "resnet":
-            statistics = x_train[: bench.PRECISE_BN_IMAGES]
+            statistics = x_train[: harness.PRECISE_BN_IMAGES]
             arrays["x_statistics"] = statistics
         for seed in seeds:
             keras.utils.set_random_seed(seed)
@@ -248,59 +247,59 @@ def export(names, seeds):
                 **structure,
                 **{f"weight{i}": w for i, w in enumerate(weights)},
             )
-            _say(
+            say(
                 f"wrote {seed_path}: {len(weights)} weights, initial "
                 f"{task.metric} {check['metric']:.6g}, first-batch loss "
                 f"{check['loss']:.6g}"
             )
         meta.update(fields)
         np.savez(data_path, meta=json.dumps(meta), **arrays)
-        _say(f"wrote {data_path}: {meta}")
+        say(f"wrote {data_path}: {meta}")
 
 
 def thor(names, seeds):
     """`THOR.recommended()` on the exported permutations: per task, its
     records and the medians over the report seeds."""
-    import thor_time_to_accuracy as bench
+    import harness
 
     out = {}
     for name in names:
-        task = bench.TASKS[name]
+        task = harness.TASKS[name]
         data = task.load()
         meta = _meta(name)
         point = dict(
-            lr=bench.LEARNING_RATES[bench.THOR_RECOMMENDED][name][0],
+            lr=harness.LEARNING_RATES[harness.THOR_RECOMMENDED][name][0],
             schedule="constant",
             at=None,
         )
         records = []
         for seed in seeds:
             orders = load(name, seed)[4]
-            record = bench.run(
+            record = harness.run(
                 task,
                 data,
-                bench.THOR_RECOMMENDED,
+                harness.THOR_RECOMMENDED,
                 point,
                 seed,
                 meta["target"],
                 True,
                 orders=orders,
             )
-            got = bench.outcome(task, record)
+            got = outcomes.outcome(record, task.higher_is_better)
             record["to_target"] = (
                 dict(epochs=got[0], seconds=got[1]) if got else None
             )
             records.append(record)
-            _say(
+            say(
                 f"[{name}] THOR.recommended() seed {seed}: "
-                f"{bench.summary(task, record)}"
+                f"{outcomes.summary(record, task.higher_is_better)}"
             )
         reported = [r["to_target"] or {} for r in records if r["seed"] != 0]
         medians = {
-            key: float(np.median([g.get(key, math.inf) for g in reported]))
+            key: outcomes.median([g.get(key, math.inf) for g in reported])
             for key in ("epochs", "seconds")
         }
-        _say(f"[{name}] THOR.recommended() medians, seeds 1-3: {medians}")
+        say(f"[{name}] THOR.recommended() medians, seeds 1-3: {medians}")
         out[name] = dict(point=point, medians=medians, runs=records)
     return out
 
@@ -508,43 +507,16 @@ class ResNetModel:
         return float(np.mean(np.argmax(logits, axis=1) == y_eval))
 
 
-def reaches(meta, value, target):
-    if target is None or not math.isfinite(value):
-        return False
-    return value >= target if meta["higher_is_better"] else value <= target
-
-
-def reached(meta, record):
-    """(epochs, seconds) at the first check at the target, or None
-    (thor_time_to_accuracy.reached)."""
-    for e, s, m in zip(record["epochs"], record["seconds"], record["metrics"]):
-        if reaches(meta, m, record["target"]):
-            return e, s
-    return None
-
-
-def select(meta, records):
-    """The point with the fewest epochs to the target (ties: less time),
-    else the closest one (best final metric), as benchmark 1's `select`."""
-    candidates, closest = [], None
-    for record in records:
-        got = reached(meta, record)
-        if got:
-            candidates.append((got, record["point"]))
-        final = (
-            record["metrics"][-1]
-            if record["metrics"] and not record["diverged"]
-            else float("nan")
-        )
-        if math.isfinite(final) and (
-            closest is None or (final > closest[0]) == meta["higher_is_better"]
-        ):
-            closest = (final, record["point"])
-    if candidates:
-        (epochs, seconds), point = min(candidates, key=lambda c: c[0])
-        return dict(point=point, epochs=epochs, seconds=seconds, reached=True)
-    point = closest[1] if closest else None
-    return dict(point=point, epochs=None, seconds=None, reached=False)
+def _reached(meta, record):
+    """(epochs, seconds) at the first check at the record's target, or
+    None."""
+    return outcomes.reached(
+        record["epochs"],
+        record["seconds"],
+        record["metrics"],
+        record["target"],
+        meta["higher_is_better"],
+    )
 
 
 # Per task, for the process: the JAX model (its jitted forward pass) and
@@ -756,7 +728,9 @@ def run(name, seed, damping, lr, epochs=None, stop=True):
                 record["metrics"].append(value)
             if record["diverged"] or (
                 record["metrics"]
-                and reaches(meta, record["metrics"][-1], target)
+                and outcomes.reaches(
+                    record["metrics"][-1], target, meta["higher_is_better"]
+                )
             ):
                 break
     except Exception as error:  # noqa: BLE001  (a failed point: recorded)
@@ -769,7 +743,7 @@ def run(name, seed, damping, lr, epochs=None, stop=True):
     record["epochs_done"] = consumed[0] / steps
     record["train_seconds"] = elapsed
     record["check_seconds"] = checking
-    got = reached(meta, record)
+    got = _reached(meta, record)
     record["to_target"] = (
         dict(
             epochs=got[0],
@@ -787,12 +761,6 @@ def run(name, seed, damping, lr, epochs=None, stop=True):
 # Tables, files and the command line
 
 
-def _fmt(value, digits=3):
-    if value is None or not math.isfinite(value):
-        return "-"
-    return f"{value:.{digits}g}"
-
-
 HEADER = (
     f"{'task':<12} {'seed':>4} {'damping':>8} {'lr':>8} {'epochs':>7} "
     f"{'s':>7} {'s+compile':>9} {'compile':>7} {'s/epoch':>7} "
@@ -803,9 +771,7 @@ HEADER = (
 def row(meta, record):
     got = record["to_target"] or {}
     values = [m for m in record["metrics"] if math.isfinite(m)]
-    best = (
-        (max if meta["higher_is_better"] else min)(values) if values else None
-    )
+    best = outcomes.best_metric(values, meta["higher_is_better"])
     done = record["epochs_done"]
     per_epoch = record["train_seconds"] / done if done else None
     note = ""
@@ -820,35 +786,12 @@ def row(meta, record):
     return (
         f"{record['task']:<12} {record['seed']:>4} "
         f"{record['point']['damping']:>8g} {record['point']['lr']:>8g} "
-        f"{_fmt(got.get('epochs')):>7} {_fmt(got.get('seconds')):>7} "
-        f"{_fmt(got.get('seconds_with_compile')):>9} "
-        f"{_fmt(record['compile_seconds']):>7} {_fmt(per_epoch):>7} "
-        f"{_fmt(best, 4):>9} "
-        f"{_fmt(values[-1] if values else None, 4):>9}  {note}"
+        f"{fmt(got.get('epochs')):>7} {fmt(got.get('seconds')):>7} "
+        f"{fmt(got.get('seconds_with_compile')):>9} "
+        f"{fmt(record['compile_seconds']):>7} {fmt(per_epoch):>7} "
+        f"{fmt(best, 4):>9} "
+        f"{fmt(values[-1] if values else None, 4):>9}  {note}"
     )
-
-
-def _write(path, content):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(_plain(content), indent=1))
-    tmp.replace(path)
-
-
-def _plain(value):
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, (np.floating, np.integer)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def _read(path):
-    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def _meta(name):
@@ -858,7 +801,7 @@ def _meta(name):
 def _one(name, seed, point, epochs, stop, log):
     meta = _meta(name)
     record = run(name, seed, point["damping"], point["lr"], epochs, stop)
-    _say(row(meta, record))
+    say(row(meta, record))
     if log:
         for e, s, loss, m in zip(
             record["epochs"],
@@ -866,14 +809,14 @@ def _one(name, seed, point, epochs, stop, log):
             record["losses"],
             record["metrics"],
         ):
-            _say(
+            say(
                 f"    epoch {e:5.2f}  {s:7.2f} s  loss {loss:9.4f}  "
                 f"{meta['metric']} {m:.5g}"
             )
     return meta, record
 
 
-def main():
+def _parser():
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -909,114 +852,136 @@ def main():
         help="smoke test: the middle grid point only, 2 epochs (unless "
         "--epochs), one report seed, files results/quick_kfac_jax_*",
     )
-    args = parser.parse_args()
+    return parser
+
+
+def _points(args, path):
+    """`--run`: every seed x damping x lr, each point's curve printed."""
+    out = outcomes.read(path)
+    for name in args.tasks:
+        say(HEADER)
+        out[name] = [
+            _one(
+                name,
+                seed,
+                dict(damping=damping, lr=lr),
+                args.epochs,
+                not args.no_stop,
+                True,
+            )[1]
+            for seed in args.seeds or (TUNE_SEED,)
+            for damping in args.damping
+            for lr in args.lr
+        ]
+    outcomes.write(path, out)
+
+
+def _grid(args, path):
+    """`--grid`: the grid on the tune seed; each task's best point."""
+    tuned = outcomes.read(path)
+    for name in args.tasks:
+        grid = GRIDS[name]
+        if args.quick:
+            grid = {
+                k: v[len(v) // 2 : len(v) // 2 + 1] for k, v in grid.items()
+            }
+        say(HEADER)
+        records = []
+        for damping in grid["damping"]:
+            for ratio in grid["ratio"]:
+                point = dict(damping=damping, lr=damping * ratio)
+                meta, record = _one(
+                    name, TUNE_SEED, point, args.epochs, True, False
+                )
+                record["point"]["ratio"] = ratio
+                records.append(record)
+        best = outcomes.select(
+            records, meta["target"], meta["higher_is_better"]
+        )
+        say(f"[{name}] best point on seed {TUNE_SEED}: {best}")
+        tuned[name] = dict(
+            best=best,
+            grid=grid,
+            target=meta["target"],
+            runs=records,
+            written=time.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+        outcomes.write(path, tuned)
+
+
+def _medians(point, tuned, records):
+    """The report's summary of one task: the medians over its seeds."""
+    got = [r["to_target"] or {} for r in records]
+
+    def median(key):
+        return outcomes.median([g.get(key, math.inf) for g in got])
+
+    return dict(
+        point=point,
+        reached_on_tune_seed=tuned["best"]["reached"],
+        median_epochs=median("epochs"),
+        median_seconds=median("seconds"),
+        median_seconds_with_compile=median("seconds_with_compile"),
+        median_compile_seconds=outcomes.median(
+            [r["compile_seconds"] for r in records]
+        ),
+    )
+
+
+def _report(args, grid_path, path):
+    """`--report`: each task's best grid point on the report seeds."""
+    reported = outcomes.read(path)
+    for name in args.tasks:
+        tuned = outcomes.read(grid_path).get(name)
+        if not tuned or not tuned["best"]["point"]:
+            sys.exit(f"{name}: no grid result in {grid_path}: run --grid")
+        point = tuned["best"]["point"]
+        say(HEADER)
+        records = [
+            _one(name, seed, point, args.epochs, True, False)[1]
+            for seed in args.seeds or REPORT_SEEDS[: 1 if args.quick else 3]
+        ]
+        summary = _medians(point, tuned, records)
+        say(f"[{name}] kfac-jax medians: {summary}")
+        reported[name] = dict(summary, runs=records)
+        outcomes.write(path, reported)
+
+
+def main():
+    args = _parser().parse_args()
     prefix = PREFIX
     if args.quick:
         prefix = PREFIX.with_name("quick_" + PREFIX.name)
         args.epochs = args.epochs or 2
-    if args.export or args.thor:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-        sys.path.insert(0, str(HERE))
-        if args.export:
-            export(args.tasks, args.seeds or SEEDS)
-            return
+    if args.export:
+        export(args.tasks, args.seeds or SEEDS)
+        return
+    if args.thor:
         path = pathlib.Path(f"{prefix}_thor.json")
-        _write(path, {**_read(path), **thor(args.tasks, args.seeds or SEEDS)})
-        _say(f"wrote {path}")
+        out = thor(args.tasks, args.seeds or SEEDS)
+        outcomes.write(path, {**outcomes.read(path), **out})
+        say(f"wrote {path}")
         return
     import jax
     import kfac_jax
 
-    _say(
+    say(
         f"jax {jax.__version__}, kfac-jax {kfac_jax.__version__}, "
         f"{os.cpu_count()} CPUs; momentum {MOMENTUM}, curvature EMA "
         f"{CURVATURE_EMA}, inverses every {INVERSE_UPDATE_PERIOD} steps, "
         f"{BURNIN_STEPS} burn-in batches (counted as data seen)"
     )
+    grid_path = pathlib.Path(f"{prefix}_grid.json")
     if args.run:
         path = pathlib.Path(f"{prefix}_run.json")
-        out = _read(path)
-        for name in args.tasks:
-            _say(HEADER)
-            out[name] = [
-                _one(
-                    name,
-                    seed,
-                    dict(damping=damping, lr=lr),
-                    args.epochs,
-                    not args.no_stop,
-                    True,
-                )[1]
-                for seed in args.seeds or (TUNE_SEED,)
-                for damping in args.damping
-                for lr in args.lr
-            ]
-        _write(path, out)
-        _say(f"wrote {path}")
-        return
-    grid_path = pathlib.Path(f"{prefix}_grid.json")
-    if args.grid:
-        results = _read(grid_path)
-        for name in args.tasks:
-            grid = GRIDS[name]
-            if args.quick:
-                grid = {
-                    k: v[len(v) // 2 : len(v) // 2 + 1] for k, v in grid.items()
-                }
-            _say(HEADER)
-            records = []
-            for damping in grid["damping"]:
-                for ratio in grid["ratio"]:
-                    point = dict(damping=damping, lr=damping * ratio)
-                    meta, record = _one(
-                        name, TUNE_SEED, point, args.epochs, True, False
-                    )
-                    record["point"]["ratio"] = ratio
-                    records.append(record)
-            best = select(meta, records)
-            _say(f"[{name}] best point on seed {TUNE_SEED}: {best}")
-            results[name] = dict(
-                best=best,
-                grid=grid,
-                target=meta["target"],
-                runs=records,
-                written=time.strftime("%Y-%m-%d %H:%M:%S"),
-            )
-            _write(grid_path, results)
-        _say(f"wrote {grid_path}")
-        return
-    report_path = pathlib.Path(f"{prefix}_report.json")
-    results = _read(report_path)
-    for name in args.tasks:
-        tuned = _read(grid_path).get(name)
-        if not tuned or not tuned["best"]["point"]:
-            sys.exit(f"{name}: no grid result in {grid_path}: run --grid")
-        point = tuned["best"]["point"]
-        _say(HEADER)
-        records = [
-            _one(name, seed, point, args.epochs, True, False)[1]
-            for seed in args.seeds or REPORT_SEEDS[: 1 if args.quick else 3]
-        ]
-        got = [r["to_target"] or {} for r in records]
-
-        def median(key, got=got):
-            return float(np.median([g.get(key, math.inf) for g in got]))
-
-        summary = dict(
-            point=point,
-            reached_on_tune_seed=tuned["best"]["reached"],
-            median_epochs=median("epochs"),
-            median_seconds=median("seconds"),
-            median_seconds_with_compile=median("seconds_with_compile"),
-            median_compile_seconds=float(
-                np.median([r["compile_seconds"] for r in records])
-            ),
-        )
-        _say(f"[{name}] kfac-jax medians: {summary}")
-        results[name] = dict(summary, runs=records)
-        _write(report_path, results)
-    _say(f"wrote {report_path}")
+        _points(args, path)
+    elif args.grid:
+        path = grid_path
+        _grid(args, path)
+    else:
+        path = pathlib.Path(f"{prefix}_report.json")
+        _report(args, grid_path, path)
+    say(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """From MindSpore's THOR rule to a K-FAC-grade setting, one change at a time.
 
-Benchmark 1's protocol (`thor_time_to_accuracy.run`: the task's data,
+Benchmark 1's protocol (`harness.run`: the task's data,
 seed, initial weights, shuffles, checks and stored target), seed 0, one
 learning rate and damping for every rung, so that each row differs from
 the one above it by one option:
@@ -33,9 +33,8 @@ import argparse
 import json
 import pathlib
 
-import thor_time_to_accuracy as bench
-
-import keras_thor
+import harness
+import outcomes
 
 RUNGS = (
     ("MindSpore's rule", {}),
@@ -68,36 +67,27 @@ def main():
     parser.add_argument("--lr", type=float, required=True)
     parser.add_argument("--damping", type=float, required=True)
     args = parser.parse_args()
-    protocol = bench._read(bench.RECORDED_PROTOCOL)
+    protocol = outcomes.read(harness.RECORDED_PROTOCOL)
     for name in args.tasks:
-        task = bench.TASKS[name]
+        task = harness.TASKS[name]
         data = task.load()
         target = protocol[name]["target"]
         rows = []
         for index, (label, _) in enumerate(RUNGS):
             options = rung_options(index)
 
-            def make(_name, _point, task, _steps, options=options):
-                return keras_thor.optimizers.THOR(
+            record = harness.run_thor(
+                task,
+                data,
+                target,
+                dict(
                     learning_rate=args.lr,
                     damping=args.damping,
                     momentum=0.9,
-                    batch_size=task.batch,
                     **options,
-                )
-
-            point = {"lr": args.lr, "schedule": "constant", "at": None}
-            record = bench.run(
-                task,
-                data,
-                bench.THOR_RECOMMENDED,
-                point,
-                0,
-                target,
-                True,
-                make=make,
+                ),
             )
-            reached = bench.outcome(task, record)
+            reached = outcomes.outcome(record, task.higher_is_better)
             metrics = record["metrics"]["y"]
             rows.append(
                 dict(
@@ -105,9 +95,7 @@ def main():
                     options=options,
                     epochs=reached[0] if reached else None,
                     seconds=reached[1] if reached else None,
-                    best=(max if task.higher_is_better else min)(metrics)
-                    if metrics
-                    else None,
+                    best=outcomes.best_metric(metrics, task.higher_is_better),
                     diverged=record["diverged"],
                     error=record["error"],
                 )

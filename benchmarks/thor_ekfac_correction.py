@@ -32,10 +32,10 @@ and each EKFAC step's cosine with K-FAC's and its norm ratio:
 
 import argparse
 
+import harness
 import keras
 import numpy as np
 import tensorflow as tf
-import thor_time_to_accuracy as bench
 
 import keras_thor
 from keras_thor.optimizers import THOR
@@ -131,7 +131,7 @@ def main():
     )
     print("| --- | --- | --- | --- | --- | --- |")
     for name in args.tasks:
-        task = bench.TASKS[name]
+        task = harness.TASKS[name]
         x, y, _ = task.load()
         for epochs in args.epochs:
             keras.utils.set_random_seed(0)

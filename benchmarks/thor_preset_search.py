@@ -2,7 +2,7 @@
 on benchmark 1's tasks and seed 0 (the tune seed), against the stored
 targets.
 
-Each run is benchmark 1's (`thor_time_to_accuracy.run`: the task's data,
+Each run is benchmark 1's (`harness.run`: the task's data,
 seed, initial weights, shuffles, checks and target, stopping at the
 target); the candidate's options are JSON:
 
@@ -18,57 +18,44 @@ import argparse
 import json
 import pathlib
 
-import thor_time_to_accuracy as bench
-
-import keras_thor
+import harness
+import outcomes
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tag", required=True)
     parser.add_argument("--options", default="{}")
-    parser.add_argument("--tasks", nargs="+", default=list(bench.TASKS))
+    parser.add_argument("--tasks", nargs="+", default=list(harness.TASKS))
     parser.add_argument("--lrs", nargs="+", type=float, required=True)
     parser.add_argument("--dampings", nargs="+", type=float, required=True)
     parser.add_argument("--momentum", type=float, default=0.9)
     args = parser.parse_args()
     options = json.loads(args.options)
-    protocol = bench._read(bench.RECORDED_PROTOCOL)
+    protocol = outcomes.read(harness.RECORDED_PROTOCOL)
     path = pathlib.Path("results") / f"thor_preset_search_{args.tag}.json"
     path.parent.mkdir(exist_ok=True)
     rows = json.loads(path.read_text()) if path.exists() else []
     for name in args.tasks:
-        task = bench.TASKS[name]
+        task = harness.TASKS[name]
         data = task.load()
         target = protocol[name]["target"]
         for damping in args.dampings:
             for lr in args.lrs:
-
-                def make(_name, _point, task, _steps, lr=lr, damping=damping):
-                    return keras_thor.optimizers.THOR(
+                record = harness.run_thor(
+                    task,
+                    data,
+                    target,
+                    dict(
                         learning_rate=lr,
                         damping=damping,
                         momentum=args.momentum,
-                        batch_size=task.batch,
                         **options,
-                    )
-
-                point = {"lr": lr, "schedule": "constant", "at": None}
-                record = bench.run(
-                    task,
-                    data,
-                    bench.THOR_RECOMMENDED,
-                    point,
-                    0,
-                    target,
-                    True,
-                    make=make,
+                    ),
                 )
-                reached = bench.outcome(task, record)
+                reached = outcomes.outcome(record, task.higher_is_better)
                 metrics = record["metrics"]["y"]
-                best = None
-                if metrics:
-                    best = (max if task.higher_is_better else min)(metrics)
+                best = outcomes.best_metric(metrics, task.higher_is_better)
                 row = dict(
                     task=name,
                     lr=lr,

@@ -36,16 +36,31 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import tasks  # noqa: E402
+from tasks import LOSS  # noqa: E402
+from tasks import digits  # noqa: E402
 from tasks import skipped_share  # noqa: E402
-from thor_time_to_accuracy import LOSS  # noqa: E402
-from thor_time_to_accuracy import SETUPS  # noqa: E402
-from thor_time_to_accuracy import digits  # noqa: E402
 
 import keras_thor  # noqa: E402
 from keras_thor.src.thor import capture  # noqa: E402
-from keras_thor.src.thor import update  # noqa: E402
 from keras_thor.src.thor.blocks import ConvKronecker  # noqa: E402
+from keras_thor.src.thor.preconditioning import plain_direction  # noqa: E402
+from keras_thor.src.thor.state_writes import StateWrites  # noqa: E402
+
+# The digits models of benchmark 1's superseded protocol, at its batch
+# sizes.
+SETUPS = {
+    "mlp": dict(
+        build=tasks.mlp, images=False, batch=256, damping=0.01, frequency=2
+    ),
+    "cnn": dict(
+        build=tasks.digits_resnet,
+        images=True,
+        batch=64,
+        damping=0.03,
+        frequency=2,
+    ),
+}
 
 
 class StepTimer(keras.callbacks.Callback):
@@ -141,7 +156,13 @@ def _time(fn, *args, repeats=30):
 
 
 def refresh_pieces(model, x, y):
-    """Seconds of capture, inversion and preconditioning, each alone."""
+    """Seconds of capture, inversion and preconditioning, each alone, as
+    `tf.function`s (TensorFlow only, the backend THOR trains on: NaN
+    elsewhere)."""
+    if keras.backend.backend() != "tensorflow":
+        return (float("nan"),) * 3
+    import tensorflow as tf
+
     thor = model.optimizer
     variables = model.trainable_weights
 
@@ -151,7 +172,7 @@ def refresh_pieces(model, x, y):
             loss = LOSS(y, model(x, training=True))
         return tape.gradient(loss, variables)
 
-    blocks = thor.step_plan.recorded_blocks.values()
+    blocks = thor.estimator.recorded_blocks().values()
 
     @tf.function
     def backward_and_statistics(x, y):
@@ -172,9 +193,13 @@ def refresh_pieces(model, x, y):
     @tf.function
     def invert(statistics):
         damping = thor.current_damping()
-        return [
-            thor.estimator.inverses(i, statistics[i], damping) for i in kernels
-        ]
+        estimator, writes = thor.estimator, StateWrites()
+        inverses = []
+        for i in kernels:
+            a, g, seen, accepted = estimator.factors(i, statistics[i], writes)
+            factors = (a, g, estimator.pi(i, a, g), seen, accepted)
+            inverses.append(estimator.inverses(i, factors, damping))
+        return inverses
 
     grads = backward(x, y)
 
@@ -188,7 +213,7 @@ def refresh_pieces(model, x, y):
                 grads[i], grads[joint[i]], *thor.estimator.inverses_of(i)
             )
             if i in joint
-            else update.precondition(
+            else plain_direction(
                 thor.curvature_blocks[i],
                 grads[i],
                 *thor.estimator.inverses_of(i),

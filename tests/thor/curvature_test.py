@@ -16,6 +16,17 @@ def _spd(rng, dim):
     return (m @ m.T / dim + 0.1 * np.eye(dim)).astype("float32")
 
 
+def _damped_block_inverse(factor, damping, split_dim):
+    """THOR's inversion of a whole factor `(groups, d, d)`: cut, then
+    damped on the factor's own diagonal."""
+    groups, dim = factor.shape[0], factor.shape[-1]
+    return block_inverse.damped_inverse_of_blocks(
+        block_inverse.diagonal_blocks(factor, split_dim),
+        damping,
+        (groups, dim),
+    )
+
+
 def _dense_block_diagonal(blocks, dim):
     count, size = blocks.shape[0], blocks.shape[-1]
     full = np.zeros((count * size, count * size))
@@ -28,9 +39,7 @@ def _dense_block_diagonal(blocks, dim):
 def test_damped_block_inverse_matches_the_reference(dim, split_dim):
     rng = np.random.default_rng(dim)
     factor = _spd(rng, dim)
-    blocks, fell_back = block_inverse.damped_block_inverse(
-        factor[None], 0.01, split_dim
-    )
+    blocks, fell_back = _damped_block_inverse(factor[None], 0.01, split_dim)
     assert not bool(fell_back)
     blocks = keras.ops.convert_to_numpy(blocks)
     assert (
@@ -50,9 +59,7 @@ def test_damped_block_inverse_matches_the_reference(dim, split_dim):
 
 
 def test_padded_block_is_identity_beyond_the_factor():
-    blocks, _ = block_inverse.damped_block_inverse(
-        np.eye(5, dtype="float32")[None], 1.0, 3
-    )
+    blocks, _ = _damped_block_inverse(np.eye(5, dtype="float32")[None], 1.0, 3)
     np.testing.assert_allclose(blocks[1][2:, 2:], [[1.0]])
     np.testing.assert_allclose(blocks[1][:2, :2], np.eye(2) / 2.0)
 
@@ -60,9 +67,7 @@ def test_padded_block_is_identity_beyond_the_factor():
 @pytest.mark.parametrize("dim, split_dim", [(6, 6), (7, 3), (10, 4)])
 def test_block_products_equal_dense_products(dim, split_dim):
     rng = np.random.default_rng(1)
-    blocks, _ = block_inverse.damped_block_inverse(
-        _spd(rng, dim)[None], 0.1, split_dim
-    )
+    blocks, _ = _damped_block_inverse(_spd(rng, dim)[None], 0.1, split_dim)
     dense = _dense_block_diagonal(keras.ops.convert_to_numpy(blocks), dim)
     matrix = rng.normal(size=(dim, 3)).astype("float32")
     np.testing.assert_allclose(

@@ -78,15 +78,14 @@ def test_pi_inverses_damp_each_group_by_its_own_pi(averaged):
             a_blocks, g_blocks, False, damping, *start, pi=pi
         )
     else:
-        a_inverse, g_inverse, trouble = factor_inverses.factor_inverses(
-            a.astype("float32"),
-            g.astype("float32"),
-            1.0,
+        a_inverse, g_inverse, trouble = factor_inverses.block_factor_inverses(
+            block_inverse.diagonal_blocks(a.astype("float32"), split_dim),
+            block_inverse.diagonal_blocks(g.astype("float32"), split_dim),
             False,
             damping,
-            split_dim,
             *start,
             pi=pi,
+            layouts=((groups, a_dim), (groups, g_dim)),
         )
     assert not bool(ops.convert_to_numpy(trouble))
     root = math.sqrt(damping)

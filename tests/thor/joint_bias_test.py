@@ -13,6 +13,7 @@ import keras_thor
 from keras_thor.optimizers import THOR
 from keras_thor.src.thor import conv_statistics
 from keras_thor.src.thor.curvature import layer_curvature
+from keras_thor.src.thor.factor_inverses import block_factor_inverses
 from keras_thor.src.thor.joint_bias import JointBiasKronecker
 
 
@@ -56,12 +57,13 @@ def test_the_bias_row_does_not_count_toward_split_dim(
     statistics = (factor[None], np.eye(3, dtype="float32")[None], 1.0)
     a_blocks, _ = block.factor_blocks(statistics, split_dim)
     assert tuple(a_blocks.shape) == a_shape
-    a_inverse, _, trouble = block.inverses(
-        statistics,
+    a_inverse, _, trouble = block_factor_inverses(
+        *block.factor_blocks(statistics, split_dim),
+        block.a_is_diagonal,
         0.01,
-        split_dim,
         np.zeros(a_shape, "float32"),
         np.zeros((1, 3, 3), "float32"),
+        layouts=block.factor_layouts,
     )
     assert tuple(a_inverse.shape) == a_shape and not bool(trouble)
     size = a_shape[1]

@@ -480,7 +480,18 @@ def test_non_finite_batches_leave_weights_and_inverses_finite():
 
 
 def test_round_off_indefinite_factor_falls_back_to_more_damping():
-    from keras_thor.src.thor.factor_inverses import factor_inverses
+    from keras_thor.src.thor.block_inverse import diagonal_blocks
+    from keras_thor.src.thor.factor_inverses import block_factor_inverses
+
+    def factor_inverses(a, g, scale, diagonal, damping, split, *previous):
+        return block_factor_inverses(
+            diagonal_blocks(scale * a, split),
+            diagonal_blocks(scale * g, split),
+            diagonal,
+            damping,
+            *previous,
+            layouts=((1, a.shape[-1]), (1, g.shape[-1])),
+        )
 
     # A Gram matrix is positive semi-definite; round-off can push an
     # eigenvalue below zero, which tiny damping does not repair.

@@ -106,3 +106,18 @@ def test_bert_damping_must_stay_positive():
 
     with pytest.raises(ValueError, match="`end_damping` must be > 0"):
         bert_thor_damping(end_damping=0.0)
+
+
+def test_the_signature_lists_every_curvature_option_and_the_config_too():
+    import dataclasses
+    import inspect
+
+    from keras_thor.src.thor.options import CurvatureOptions
+
+    parameters = inspect.signature(THOR).parameters
+    for field in dataclasses.fields(CurvatureOptions):
+        assert parameters[field.name].default == field.default, field.name
+    config = THOR(**GOOD, split_dim=7, kl_clip=0.5).get_config()
+    assert config["split_dim"] == 7 and config["kl_clip"] == 0.5
+    with pytest.raises(ValueError, match="split_dimm"):
+        THOR(**GOOD, split_dimm=7)

@@ -8,6 +8,7 @@ blocks are stored together, `(groups·n, s, s)`.
 
 import math
 
+import numpy as np
 from keras import ops
 
 from keras_thor.src.backend.linalg import cholesky
@@ -67,51 +68,51 @@ def inverse_via_cholesky(blocks):
     return ops.matmul(ops.transpose(inverse_factor, (0, 2, 1)), inverse_factor)
 
 
-def damped_block_inverse(factor, damping, split_dim):
-    """Blocks of `(factor + damping · I)⁻¹` and whether it needed a fallback.
-
-    `factor` is `(groups, d, d)`. Returns `(inverse_blocks, fell_back)`. The
-    damping is added before the last block is padded, so the padding stays
-    an identity. When a block of the damped factor is not numerically
-    positive definite (round-off on a nearly singular factor), the factor
-    is damped again with its mean diagonal added; the caller keeps its
-    previous inverse if even that is not finite.
-    """
-    factor = ops.convert_to_tensor(factor)
-    identity = ops.eye(factor.shape[-1], dtype=factor.dtype)
-
-    def inverse_with(shift):
-        return inverse_via_cholesky(
-            diagonal_blocks(factor + shift * identity, split_dim)
-        )
-
-    inverse = inverse_with(damping)
-    fell_back = ops.logical_not(is_finite(inverse))
-
-    def more_damped():
-        diagonal = ops.diagonal(factor, axis1=-2, axis2=-1)
-        return inverse_with(damping + ops.abs(ops.mean(diagonal)))
-
-    return ops.cond(fell_back, more_damped, lambda: inverse), fell_back
+def _factor_diagonal(shape, layout):
+    """`(n, s)`: 1 on the diagonal entries of the blocks `shape` that belong
+    to the factor, 0 on the identity padding; `None` where all do (no
+    `layout`, or no padding)."""
+    count, size = shape[0], shape[-1]
+    if layout is None:
+        return None
+    groups, dim = layout
+    positions = np.arange(count // groups * size) < dim
+    if positions.all():
+        return None
+    return np.tile(positions.reshape(-1, size), (groups, 1)).astype("float32")
 
 
-def damped_inverse_of_blocks(blocks, damping):
-    """`(blocks + damping · I)⁻¹` of stored diagonal blocks `(n, s, s)`, and
-    whether it needed a fallback.
+def damped_inverse_of_blocks(blocks, damping, layout=None):
+    """`(blocks + damping · I)⁻¹` of diagonal blocks, and whether it needed
+    a fallback.
 
-    As `damped_block_inverse`, for factors kept as their diagonal blocks
-    (`THOR(factor_decay=...)`): a block that is not numerically positive
-    definite is damped again with the mean diagonal of all blocks added.
+    `blocks` are `(groups·n, s, s)` as `diagonal_blocks` cuts a factor;
+    `damping` is a scalar or one value per block `(groups·n, 1, 1)`. With
+    `layout = (groups, dim)`, the size of the factor the blocks were cut
+    from, only the factor's own diagonal is damped, so a padded last block
+    keeps its identity padding (as if the whole factor was damped, then
+    cut); without it every diagonal entry is (THOR's averaged blocks, whose
+    saved inverses hold damped padding). When a block is not numerically
+    positive definite (round-off on a nearly singular factor), every block
+    is inverted again with the mean of those diagonal entries added to
+    the damping; the caller keeps its previous inverse if even that is
+    not finite.
     """
     blocks = ops.convert_to_tensor(blocks)
-    identity = ops.eye(blocks.shape[-1], dtype=blocks.dtype)
-    inverse = inverse_via_cholesky(blocks + damping * identity)
+    damped = ops.eye(blocks.shape[-1], dtype=blocks.dtype)
+    diagonal = _factor_diagonal(blocks.shape, layout)
+    if diagonal is not None:
+        damped = damped * diagonal[:, None]
+    inverse = inverse_via_cholesky(blocks + damping * damped)
     fell_back = ops.logical_not(is_finite(inverse))
 
     def more_damped():
-        diagonal = ops.diagonal(blocks, axis1=-2, axis2=-1)
-        shift = damping + ops.abs(ops.mean(diagonal))
-        return inverse_via_cholesky(blocks + shift * identity)
+        entries = ops.diagonal(blocks, axis1=-2, axis2=-1)
+        if diagonal is None:
+            mean = ops.mean(entries)
+        else:
+            mean = ops.sum(entries * diagonal) / float(diagonal.sum())
+        return inverse_via_cholesky(blocks + (damping + ops.abs(mean)) * damped)
 
     return ops.cond(fell_back, more_damped, lambda: inverse), fell_back
 

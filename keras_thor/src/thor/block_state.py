@@ -9,9 +9,9 @@ from keras import ops
 class BlockState:
     """One block's curvature state: what the estimator keeps for it.
 
-    `CurvatureEstimator` holds one per block with THOR's variables in it;
-    `CurvatureEstimator.state_for` returns a copy of their values as
-    NumPy arrays. A field is `None` where its option is off.
+    `CurvatureEstimator.state_for` gathers it from the estimator's
+    inverses and its option states, as NumPy arrays. A field is `None`
+    where its option is off.
 
     Args:
         a_inverse: The stored `A⁻¹` blocks (a vector for a diagonal `A`).
@@ -53,18 +53,3 @@ def added_inverses(add_variable, name, block, split_dim):
             g_shape, _identity_blocks, "float32", name=f"{name}_g_inverse"
         ),
     )
-
-
-def added_averages(add_variable, name, a_inverse, g_inverse):
-    """The `BlockState` fields of `factor_decay`: zero `a_factor` and
-    `g_factor` in the inverses' shapes, then a zero `factor_weight`."""
-    averages = {
-        f"{part}_factor": add_variable(
-            inverse.shape, "zeros", "float32", name=f"{name}_{part}_factor"
-        )
-        for part, inverse in (("a", a_inverse), ("g", g_inverse))
-    }
-    averages["factor_weight"] = add_variable(
-        (), "zeros", "float32", name=f"{name}_factor_weight"
-    )
-    return averages

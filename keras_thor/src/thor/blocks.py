@@ -6,8 +6,8 @@ statistics from a recorded call (inputs and per-sample output gradients),
 how its kernel reads as the matrices the factors act on, and its
 preconditioning, in the direct order `A⁻¹ · g · G⁻¹` and (Dense) the
 factored order `(A⁻¹Xᵀ)(D·G⁻¹)`. Damping and inversion are shared
-(`damping_split`, `factor_inverses`); the schedule and the state live in
-the `CurvatureEstimator`.
+(`damping_split`, `factor_inverses`, from `factor_blocks`); the schedule
+and the state live in the `CurvatureEstimator`.
 
 Notation:
     - `X`: a call's inputs as rows; `D`: the per-sample gradients of the
@@ -28,9 +28,6 @@ from keras_thor.src.thor.conv_statistics import conv_factor_scale
 from keras_thor.src.thor.conv_statistics import grouped_conv_statistics
 from keras_thor.src.thor.conv_statistics import grouped_kernel_matrices
 from keras_thor.src.thor.conv_statistics import kernel_from_grouped_matrices
-from keras_thor.src.thor.damping_split import split_pi
-from keras_thor.src.thor.factor_inverses import block_factor_inverses
-from keras_thor.src.thor.factor_inverses import factor_inverses
 from keras_thor.src.thor.preconditioning import diagonal_kronecker_precondition
 from keras_thor.src.thor.preconditioning import factored_precondition
 from keras_thor.src.thor.preconditioning import kronecker_precondition
@@ -102,38 +99,6 @@ class KroneckerBlock:
         """The inverse of `to_matrices`."""
         return ops.reshape(matrices, self.kernel.shape)
 
-    def pi(self, a, g, damping_split):
-        """`π` of the factors `a`, `g` this block inverts (`damping_split`):
-        whole `(groups, d, d)` factors or their diagonal blocks."""
-        return split_pi(
-            damping_split, a, g, self.groups, self.a_dim, self.g_dim
-        )
-
-    def inverses(
-        self,
-        statistics,
-        damping,
-        split_dim,
-        a_inverse,
-        g_inverse,
-        damping_split="uniform",
-    ):
-        """`(A⁻¹, G⁻¹, trouble)` from averaged `(A, G, c)`; the current
-        inverses are kept where the new ones are not usable."""
-        a, g, factor_scale = statistics
-        return factor_inverses(
-            a,
-            g,
-            factor_scale,
-            self.a_is_diagonal,
-            damping,
-            split_dim,
-            a_inverse,
-            g_inverse,
-            pi=self.pi(a, g, damping_split),
-            a_split_dim=self.a_split_dim(split_dim),
-        )
-
     def factor_blocks(self, statistics, split_dim):
         """`(c·A_j, c·G_j)` from averaged `(A, G, c)`, cut into the blocks
         the inverses are made of (a diagonal `A` stays a vector)."""
@@ -144,25 +109,11 @@ class KroneckerBlock:
             a = diagonal_blocks(factor_scale * a, self.a_split_dim(split_dim))
         return a, diagonal_blocks(factor_scale * g, split_dim)
 
-    def inverses_of_blocks(
-        self,
-        a_blocks,
-        g_blocks,
-        damping,
-        a_inverse,
-        g_inverse,
-        damping_split="uniform",
-    ):
-        """`(A⁻¹, G⁻¹, trouble)` from stored `factor_blocks`."""
-        return block_factor_inverses(
-            a_blocks,
-            g_blocks,
-            self.a_is_diagonal,
-            damping,
-            a_inverse,
-            g_inverse,
-            pi=self.pi(a_blocks, g_blocks, damping_split),
-        )
+    @property
+    def factor_layouts(self):
+        """`((groups, a_dim), (groups, g_dim))`: the sizes `factor_blocks`
+        cut and pad."""
+        return (self.groups, self.a_dim), (self.groups, self.g_dim)
 
     def precondition(self, gradient, a_inverse, g_inverse, damping, batch_size):
         """`A⁻¹ · g · G⁻¹`, group by group, in the kernel's shape."""

@@ -19,8 +19,6 @@ tensorflow/kfac's default), where "uniform" can leave a small `G` under
 its damping.
 """
 
-import math
-
 from keras import ops
 
 DAMPING_SPLITS = ("uniform", "pi")
@@ -30,17 +28,15 @@ def group_traces(blocks, groups, dim):
     """`tr` of each group's factor `(groups,)` from its diagonal blocks.
 
     `blocks` is `(groups·n, s, s)` as `block_inverse.diagonal_blocks` cuts
-    it (the last block of a group padded with identity, taken back out
-    here), a whole factor `(groups, dim, dim)`, or a vector for a diagonal
+    it (the last block of a group padded with identity, left out of the
+    sum), a whole factor `(groups, dim, dim)`, or a vector for a diagonal
     factor (one group).
     """
     blocks = ops.cast(blocks, "float32")
     if len(blocks.shape) == 1:
         return ops.sum(blocks, keepdims=True)
     diagonals = ops.diagonal(blocks, axis1=-2, axis2=-1)
-    sums = ops.sum(ops.reshape(diagonals, (groups, -1)), axis=1)
-    padding = math.prod(blocks.shape) // (groups * blocks.shape[-1]) - dim
-    return sums - float(padding)
+    return ops.sum(ops.reshape(diagonals, (groups, -1))[:, :dim], axis=1)
 
 
 def pi_correction(a_traces, g_traces, a_dim, g_dim):

@@ -1,6 +1,7 @@
 """Moving averages of curvature factors (kfac-jax's normalized EMA).
 
-Pure functions; `THOR` keeps the averaged factor blocks and the weight.
+Pure functions, and the averages' state (`FactorAverages`): per block the
+averaged factor blocks and their weight.
 
 ```
 W_k = α · W_{k-1} + 1                  (W_0 = 0)
@@ -18,6 +19,10 @@ Notation:
 
 from keras import ops
 
+from keras_thor.src.backend.values import numpy_value
+from keras_thor.src.thor.option_state import OptionState
+from keras_thor.src.utils.finite import all_finite
+
 
 def average_weight(weight, decay):
     """`W_k = α · W_{k-1} + 1`."""
@@ -27,3 +32,62 @@ def average_weight(weight, decay):
 def averaged_factor(average, new, weight):
     """`F_k = F_{k-1} + (F_new - F_{k-1}) / W_k` (`weight` is `W_k`)."""
     return average + (ops.cast(new, average.dtype) - average) / weight
+
+
+class FactorAverages(OptionState):
+    """The averages of `factor_decay`: per block, in block order, zero
+    `a_factor` and `g_factor` in its inverses' shapes, then a zero
+    `factor_weight`."""
+
+    def __init__(self, options, table, add_variable):
+        super().__init__(options, table, add_variable)
+        self.averages = {}
+        for index, (name, a_inverse, g_inverse) in table.items():
+            a_factor, g_factor = (
+                add_variable(
+                    inverse.shape, "zeros", "float32", name=f"{name}_{part}"
+                )
+                for part, inverse in (
+                    ("a_factor", a_inverse),
+                    ("g_factor", g_inverse),
+                )
+            )
+            weight = add_variable(
+                (), "zeros", "float32", name=f"{name}_factor_weight"
+            )
+            self.averages[index] = (a_factor, g_factor, weight)
+
+    @classmethod
+    def enabled(cls, options):
+        return options.factor_decay is not None
+
+    def block_state(self, index, position):
+        a_factor, g_factor, weight = self.averages[index]
+        return {
+            "a_factor": numpy_value(a_factor),
+            "g_factor": numpy_value(g_factor),
+            "factor_weight": numpy_value(weight),
+        }
+
+    def factors_of(self, index, writes):
+        """Block `index`'s averaged `(c·A, c·G)` after `writes`."""
+        a_factor, g_factor, _ = self.averages[index]
+        return writes.value(a_factor), writes.value(g_factor)
+
+    def take(self, index, a_new, g_new, writes):
+        """Takes a statistics step's factor blocks into block `index`'s
+        averages (into `writes`) if they are finite; otherwise the averages
+        and the weight stay. Returns `(c·A, c·G, seen, finite)`: the
+        averages after the step, whether they hold any statistics, and
+        whether the new factors were taken."""
+        a_factor, g_factor, previous = self.averages[index]
+        finite = all_finite([a_new, g_new])
+        weight = average_weight(previous, self.options.factor_decay)
+        averaged = []
+        for average, new in ((a_factor, a_new), (g_factor, g_new)):
+            updated = averaged_factor(average, new, weight)
+            averaged.append(ops.where(finite, updated, average))
+            writes.set(average, averaged[-1])
+        weight = ops.where(finite, weight, previous)
+        writes.set(previous, weight)
+        return (*averaged, weight > 0, finite)

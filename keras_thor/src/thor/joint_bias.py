@@ -14,9 +14,10 @@ Notation:
     - `g_W`, `g_b`: the kernel's gradient as the block's matrices and the
       bias's as one more row; `G`: the kernel block's.
 
-The direction of both variables comes from the training step (the update
-takes it as it is), from each replica's gradient: preconditioning is
-linear, and the inverses are the same on every replica.
+The direction of both variables comes from the training step's direction
+stage (`directions`; the update takes it as it is), from each replica's
+gradient: preconditioning is linear, and the inverses are the same on
+every replica.
 """
 
 from keras import ops
@@ -74,28 +75,3 @@ class JointBiasKronecker(KroneckerBlock):
             self.inner.from_matrices(product[:, :-1]),
             ops.reshape(product[:, -1], self.bias.shape),
         )
-
-
-def joint_directions(plan, estimator, variables, grads):
-    """`grads` with each joint block's kernel and bias gradients replaced
-    by their joint direction (`StepPlan.joint_biases`), in the gradients'
-    own (loss) scale."""
-    positions = {}
-    for position, variable in enumerate(variables):
-        positions[plan.variable_index(variable)] = position
-    grads = list(grads)
-    for kernel_index, bias_index in plan.joint_biases.items():
-        kernel_at, bias_at = positions[kernel_index], positions[bias_index]
-        if grads[kernel_at] is None or grads[bias_at] is None:
-            continue
-        a_inverse, g_inverse = estimator.inverses_of(kernel_index)
-        kernel_direction, bias_direction = plan.blocks[
-            kernel_index
-        ].precondition_pair(
-            grads[kernel_at], grads[bias_at], a_inverse, g_inverse
-        )
-        grads[kernel_at] = ops.cast(
-            kernel_direction, variables[kernel_at].dtype
-        )
-        grads[bias_at] = ops.cast(bias_direction, variables[bias_at].dtype)
-    return grads

@@ -9,21 +9,18 @@ from keras_thor.src import keras_internals
 from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.backend.dense import dense
 from keras_thor.src.backend.fusion import fused
-from keras_thor.src.backend.values import numpy_value
 from keras_thor.src.optimizers.batched_update import BatchedUpdate
 from keras_thor.src.optimizers.docstrings import with_base_keyword_args
 from keras_thor.src.optimizers.reference_optimizer import ReferenceOptimizer
-from keras_thor.src.schedules.per_step import PerStepSchedule
 from keras_thor.src.thor import arguments
 from keras_thor.src.thor import capture
 from keras_thor.src.thor import update
+from keras_thor.src.thor.batch_size import BatchSizeFromFit
 from keras_thor.src.thor.curvature import preconditioners_of
 from keras_thor.src.thor.estimator import CurvatureEstimator
-from keras_thor.src.thor.options import SPREAD_INVERSES_DEFAULT
 from keras_thor.src.thor.options import CurvatureOptions
 from keras_thor.src.thor.options import with_curvature_options
-from keras_thor.src.thor.schedule import RefreshSchedule
-from keras_thor.src.thor.step_plan import StepPlan
+from keras_thor.src.thor.state_access import ThorStateAccess
 from keras_thor.src.utils import validation
 
 _fused_thor_updates = fused(update.thor_updates)
@@ -32,7 +29,9 @@ _fused_thor_updates = fused(update.thor_updates)
 @keras_thor_export
 @with_base_keyword_args
 @with_curvature_options
-class THOR(BatchedUpdate, ReferenceOptimizer):
+class THOR(
+    BatchSizeFromFit, ThorStateAccess, BatchedUpdate, ReferenceOptimizer
+):
     """THOR: Kronecker-factored natural gradient with stale inverses.
 
     MindSpore's `nn.thor` for Keras. Each layer with a curvature block
@@ -90,7 +89,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
     `THOR.curvature_options`; `THOR.recommended()` is a starting point for
     any model. Once built, `THOR.estimator` holds every block's curvature
     state (`THOR.state_for(layer.kernel)` reads one) and
-    `THOR.step_plan` is what the training step records and preconditions.
+    `THOR.step_plan` is how the training step treats each kernel.
 
     Train with `keras_thor.models.ThorModel` (what `convert_to_thor_model`
     returns): its training step captures the statistics on refresh steps
@@ -158,19 +157,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         split_indices=None,
         enable_clip_grad=False,
         frequency=100,
-        split_dim=128,
-        spread_inverses=SPREAD_INVERSES_DEFAULT,
-        damping_split="uniform",
-        factor_decay=None,
-        statistics_frequency=None,
-        burn_in_steps=0,
-        statistics_rows=None,
-        conv_statistics_rows=None,
-        fisher="empirical",
-        kl_clip=None,
-        kl_clip_mode="direction",
-        precondition_biases=None,
-        trace_thresholds=None,
+        *,
         clipnorm=None,
         clipvalue=None,
         global_clipnorm=None,
@@ -194,30 +181,16 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         loss_scale, loss_scale_factor = arguments.checked_loss_scale(
             loss_scale, loss_scale_factor
         )
-        arguments.check_kl_clip_alone(
-            kl_clip, clipnorm, clipvalue, global_clipnorm
-        )
         if batch_size is not None:
             batch_size = validation.check_int("batch_size", batch_size, 1)
         validation.check_bool("use_nesterov", use_nesterov)
         validation.check_bool("enable_clip_grad", enable_clip_grad)
         arguments.check_decay_filter(decay_filter)
-        options = CurvatureOptions(
-            frequency=frequency,
-            split_dim=split_dim,
-            split_indices=split_indices,
-            spread_inverses=spread_inverses,
-            damping_split=damping_split,
-            factor_decay=factor_decay,
-            statistics_frequency=statistics_frequency,
-            burn_in_steps=burn_in_steps,
-            statistics_rows=statistics_rows,
-            conv_statistics_rows=conv_statistics_rows,
-            fisher=fisher,
-            kl_clip=kl_clip,
-            kl_clip_mode=kl_clip_mode,
-            precondition_biases=precondition_biases,
-            trace_thresholds=trace_thresholds,
+        options, kwargs = CurvatureOptions.taken_from(
+            kwargs, split_indices=split_indices, frequency=frequency
+        )
+        arguments.check_kl_clip_alone(
+            options.kl_clip, clipnorm, clipvalue, global_clipnorm
         )
         super().__init__(
             learning_rate=learning_rate,
@@ -288,49 +261,6 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         """The damping: a float or a schedule of the step."""
         return self._damping
 
-    @property
-    def batch_size(self):
-        """`N`: the `batch_size` given, else the per-replica size of the
-        first batch THOR trained on (kept in the saved state); `None`
-        until that batch is seen."""
-        if self._given_batch_size is not None:
-            return self._given_batch_size
-        return self._trained_batch
-
-    def take_batch_size(self, rows):
-        """Takes `rows`, the per-replica size of the first batch a `fit`
-        trains on (read by THOR's train function before the step runs).
-
-        Without a batch size yet it becomes THOR's; otherwise returns a
-        warning message if it differs from THOR's, else `None`.
-        """
-        rows = int(rows)
-        if self.batch_size is None:
-            self._trained_batch = rows
-            if self.built:
-                self.assign(self._trained_batch_size, rows)
-            return None
-        if rows == self.batch_size:
-            return None
-        if self._given_batch_size is not None:
-            source = f"`THOR(batch_size={self.batch_size})` was given"
-            fix = (
-                "Pass the per-replica batch you train with, or leave "
-                "`batch_size` out to take it from `fit`."
-            )
-        else:
-            source = (
-                f"THOR keeps batch_size={self.batch_size}, the per-replica "
-                "batch it first trained on"
-            )
-            fix = "Compile a new THOR to take the new batch size."
-        return (
-            f"{source}, but this `fit` trains on batches of {rows} "
-            f"examples per replica. THOR uses {self.batch_size}: it is `N` "
-            "of the LayerNorm rule and chooses each Dense layer's "
-            f"preconditioning order. {fix} This warning is shown once."
-        )
-
     def current_damping(self):
         """`λ` of the current step, a float32 scalar."""
         if callable(self._damping):
@@ -361,16 +291,14 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         self._velocities = [
             self.add_variable_from_reference(v, "momentum") for v in var_list
         ]
-        self._preconditioners = preconditioners
         self._weight_decays = [self._decay_of(v) for v in var_list]
         self._estimator = CurvatureEstimator(
             self.curvature_options,
             var_list,
+            preconditioners,
             blocks,
             self._variable_index,
             self.add_variable,
-            self.assign,
-            self.assign_add,
         )
         self._skipped_updates = self.add_variable(
             (), "zeros", "int32", name="skipped_updates"
@@ -396,31 +324,6 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         )
         self._step_plan = None
 
-    # The variables `build` adds last that files written before them lack.
-    _ADDED_VARIABLES = ("skipped_updates", "trained_batch_size")
-
-    def load_own_variables(self, store):
-        """As Keras's, and a file written before `skipped_updates` and
-        `trained_batch_size` existed loads the rest, those starting at 0
-        and `batch_size`."""
-        added = len(self._ADDED_VARIABLES)
-        if len(store.keys()) == len(self.variables) - added:
-            for i, variable in enumerate(self.variables[:-added]):
-                variable.assign(store[str(i)])
-        else:
-            super().load_own_variables(store)
-        if self._given_batch_size is None and self.built:
-            self._trained_batch = (
-                int(numpy_value(self._trained_batch_size)) or None
-            )
-            self._step_plan = None
-
-    def velocity_of(self, variable):
-        """The momentum `v` of `variable`, one of THOR's trained variables."""
-        return self._velocities[
-            keras_internals.trained_variable_index(self, variable)
-        ]
-
     def _variable_index(self, variable):
         return keras_internals.variable_index(self, variable)
 
@@ -428,103 +331,6 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
         if self.decay_filter is not None and not self.decay_filter(variable):
             return 0.0
         return self.decay_for(variable)
-
-    @property
-    def estimator(self):
-        """The `CurvatureEstimator` holding every block's curvature state
-        (`estimator.state_for(variable)` reads one); set by `build`."""
-        return self._estimator
-
-    def state_for(self, variable):
-        """The curvature state of `variable`'s block: a `BlockState` of
-        NumPy arrays (its inverses; with `factor_decay` its averaged
-        factors and their weight; with `trace_thresholds` its last trace
-        and whether it stopped). Raises a `ValueError` for a variable
-        without a curvature block."""
-        return self._estimator.state_for(variable)
-
-    @property
-    def step_plan(self):
-        """The `StepPlan` of THOR's training step, made once THOR is built
-        and its `batch_size` known."""
-        if self._step_plan is None:
-            if self.batch_size is None:
-                raise ValueError(
-                    "THOR's batch size is not known yet: without "
-                    "`batch_size` it is the size of the first batch THOR's "
-                    "train function (`fit`, `train_on_batch`) trains on. "
-                    "Pass `THOR(batch_size=...)` to fix it beforehand."
-                )
-            self._step_plan = StepPlan.for_blocks(
-                self._estimator.blocks,
-                self._variable_index,
-                self.curvature_options,
-                self.batch_size,
-                bool(self.clipnorm or self.clipvalue or self.global_clipnorm),
-            )
-        return self._step_plan
-
-    @property
-    def curvature_blocks(self):
-        """`{variable index: block}` of the variables with curvature."""
-        return self._estimator.blocks
-
-    @property
-    def curvature_troubles(self):
-        """How many layer refreshes fell back or kept their old inverses."""
-        return self._estimator.curvature_troubles if self.built else 0
-
-    @property
-    def skipped_updates(self):
-        """How many steps skipped the update of at least one variable
-        (its preconditioned gradient was not finite: the variable and its
-        momentum kept their values). Steps a `LossScaleOptimizer` skips
-        are not THOR's and are not counted."""
-        return int(numpy_value(self._skipped_updates)) if self.built else 0
-
-    @property
-    def skipped_inversions(self):
-        """How many block inversions the trace rule skipped, keeping the
-        stored inverses (0 without `trace_thresholds`)."""
-        return self._estimator.skipped_inversions if self.built else 0
-
-    @property
-    def refresh_schedule(self):
-        """The `RefreshSchedule`: which steps burn in, which gather
-        statistics and which refresh the inverses, and how far the per-step
-        arrays reach."""
-        return RefreshSchedule(
-            self.frequency,
-            self.statistics_period,
-            self._per_step_arrays(),
-            self.burn_in_steps,
-        )
-
-    def _per_step_arrays(self):
-        return [
-            (name, value)
-            for name, value in (
-                ("learning_rate", self._schedule),
-                ("damping", self._damping),
-            )
-            if isinstance(value, PerStepSchedule)
-        ]
-
-    def training_logs(self):
-        """What THOR is doing, for the step's logs (and so `History` and
-        `TensorBoard`): the damping, the number of inverse refreshes so
-        far, the steps that skipped a variable's non-finite update so far,
-        the layer refreshes in trouble so far, the last guard
-        scale (with `kl_clip`), and the block inversions the trace rule
-        skipped so far and the blocks it has stopped (with
-        `trace_thresholds`)."""
-        steps = ops.cast(self.iterations, "float32")
-        return {
-            "thor_damping": self.current_damping(),
-            "thor_refreshes": ops.floor((steps - 1.0) / self.frequency) + 1.0,
-            "thor_skipped_updates": ops.cast(self._skipped_updates, "float32"),
-            **self._estimator.training_logs(),
-        }
 
     def apply(self, grads, trainable_variables=None):
         if not capture.in_thor_training_step():
@@ -560,7 +366,7 @@ class THOR(BatchedUpdate, ReferenceOptimizer):
             ops.cast(learning_rate, "float32"),
             self.current_damping(),
             [
-                None if i in in_step else self._preconditioners[i]
+                None if i in in_step else self._estimator.preconditioner(i)
                 for i in indices
             ],
             [self._weight_decays[i] for i in indices],

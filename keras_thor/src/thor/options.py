@@ -1,12 +1,14 @@
 """THOR's curvature options: one frozen, validated record.
 
-`THOR(...)` builds a `CurvatureOptions` from its arguments; the
+`THOR(...)` builds a `CurvatureOptions` from its arguments (its signature
+lists every field; `with_curvature_options`); the
 `CurvatureEstimator` and the training step's `StepPlan` read it. The
 defaults are MindSpore's rule; every other value is an opt-in option
 beyond it (docs/thor.md, "Curvature options").
 """
 
 import dataclasses
+import inspect
 
 from keras_thor.src.thor.damping_split import DAMPING_SPLITS
 from keras_thor.src.utils import validation
@@ -117,13 +119,36 @@ def _option(name):
     )
 
 
+def _with_option_parameters(init):
+    """`init`'s signature with every option it does not name as a
+    keyword-only parameter with the option's default, before `**kwargs`."""
+    signature = inspect.signature(init)
+    parameters = list(signature.parameters.values())
+    if parameters[-1].kind is not inspect.Parameter.VAR_KEYWORD:
+        raise TypeError(f"{init.__qualname__} must end with `**kwargs`.")
+    named = {parameter.name for parameter in parameters}
+    options = [
+        inspect.Parameter(
+            field.name, inspect.Parameter.KEYWORD_ONLY, default=field.default
+        )
+        for field in dataclasses.fields(CurvatureOptions)
+        if field.name not in named
+    ]
+    init.__signature__ = signature.replace(
+        parameters=parameters[:-1] + options + parameters[-1:]
+    )
+
+
 def with_curvature_options(cls):
-    """`with_curvature_option_args`, and each option (and the
+    """`with_curvature_option_args`; each option (and the
     `statistics_period`) as a read-only attribute of `cls`, read from its
-    `curvature_options`."""
+    `curvature_options`; and each option in the signature of `cls`, whose
+    `__init__` takes the options it does not name through `**kwargs`
+    (`CurvatureOptions.taken_from`)."""
     names = [field.name for field in dataclasses.fields(CurvatureOptions)]
     for name in names + ["statistics_period"]:
         setattr(cls, name, _option(name))
+    _with_option_parameters(cls.__init__)
     return with_curvature_option_args(cls)
 
 
@@ -317,6 +342,15 @@ class CurvatureOptions:
         )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
+
+    @classmethod
+    def taken_from(cls, kwargs, **named):
+        """`(options, other keyword arguments)`: the options among
+        `kwargs` with those `named`, validated, and what is left."""
+        fields = {field.name for field in dataclasses.fields(cls)}
+        options = {key: kwargs[key] for key in kwargs if key in fields}
+        others = {key: kwargs[key] for key in kwargs if key not in fields}
+        return cls(**named, **options), others
 
     @property
     def statistics_period(self):

@@ -58,3 +58,14 @@ def layer_norm_precondition(gradient, damping, batch_size):
     """`g / (g² / N + √λ)`: MindSpore's diagonal rule for LayerNorm (and,
     here, for the scale and offset of other normalization layers)."""
     return gradient / (ops.square(gradient) / batch_size + ops.sqrt(damping))
+
+
+def plain_direction(
+    preconditioner, gradient, a_inverse, g_inverse, damping, batch_size
+):
+    """The gradient after the variable's preconditioner (`None`: none)."""
+    if preconditioner is None:
+        return gradient
+    return preconditioner.precondition(
+        gradient, a_inverse, g_inverse, damping, batch_size
+    )

@@ -30,15 +30,12 @@ def takes_factored_order(block, batch_size, keras_clipping):
 class StepPlan:
     """THOR's training step, as decided once when THOR is built.
 
-    The step records the calls of `blocks` on statistics steps and of the
-    `factored_kernels` on every step; it forms the factored kernels'
-    preconditioned gradients itself, and with `kl_clip` it guards the
-    `guarded_kernels`' directions (`kl_guard`). The update then takes the
-    gradients of `preconditioned_in_step` as they are.
+    The step records the calls of every block (`CurvatureEstimator`) on
+    statistics steps and of the `factored_kernels` on every step; its
+    direction stage (`directions`) forms the directions of
+    `preconditioned_in_step`, which the update then takes as they are.
 
     Args:
-        blocks: `{variable index: block}` of the kernels (and
-            preconditioned biases) with curvature.
         factored_kernels: The variable indices preconditioned in the
             factored order (Dense kernels where that is cheaper).
         guarded_kernels: The variable indices whose directions the KL
@@ -51,7 +48,6 @@ class StepPlan:
             precondition a kernel and its bias together (`joint_bias`).
     """
 
-    blocks: dict
     factored_kernels: frozenset
     guarded_kernels: frozenset
     fisher: str
@@ -64,11 +60,6 @@ class StepPlan:
         joint = set(self.joint_biases) | set(self.joint_biases.values())
         return self.factored_kernels | self.guarded_kernels | joint
 
-    @property
-    def recorded_blocks(self):
-        """`{variable index: the block whose calls are recorded}`."""
-        return {i: b.recorded_block for i, b in self.blocks.items()}
-
     @classmethod
     def for_blocks(cls, blocks, variable_index, options, batch_size, clipping):
         """The plan for THOR's `blocks` under its `CurvatureOptions`:
@@ -77,7 +68,6 @@ class StepPlan:
         `clipping`) are factored."""
         guarded = options.kl_clip is not None
         return cls(
-            blocks=dict(blocks),
             factored_kernels=frozenset(
                 index
                 for index, block in blocks.items()

@@ -1,9 +1,10 @@
 """The THOR paper's trace rule: refresh a layer's inverses only when its
 curvature has changed.
 
-Pure functions; `THOR(trace_thresholds=(ω₁, ω₂))` keeps, per layer, the
-trace at its last inversion and whether the layer has stopped. At each
-refresh step, per layer (Chen et al., 2021, section "Trace-based"):
+Pure functions, and the rule's state (`TraceRuleState`):
+`THOR(trace_thresholds=(ω₁, ω₂))` keeps, per layer, the trace at its last
+inversion and whether the layer has stopped. At each refresh step, per
+layer (Chen et al., 2021, section "Trace-based"):
 
 ```
 F = ⊕_j (c·A_j + π_j√λ·I) ⊗ (c·G_j + (√λ/π_j)·I)
@@ -18,30 +19,30 @@ Notation:
     - `A_j`, `G_j`: the factors of group `j` (the averaged ones with
       `factor_decay`); `a`, `g`: their sizes; `c`: the factor scale
       (`√T` for a convolution), `λ`: the damping; `π_j`: the damping
-      split's correction (`damping_split`; 1 for MindSpore's).
+      split's correction (`damping_split.split_pi`; 1 for MindSpore's).
     - `F_last`: the damped factors the stored inverses were made from.
     - `ω₁`, `ω₂`: `trace_thresholds`.
 """
 
 from keras import ops
 
+from keras_thor.src.backend.values import numpy_value
 from keras_thor.src.thor.damping_split import group_traces
-from keras_thor.src.thor.damping_split import split_pi
+from keras_thor.src.thor.option_state import OptionState
 
 
 def damped_kronecker_trace(
-    a_blocks, g_blocks, groups, a_dim, g_dim, damping, damping_split="uniform"
+    a_blocks, g_blocks, groups, a_dim, g_dim, damping, pi=1.0
 ):
     """`tr F = Σ_j (tr(c·A_j) + a·π_j√λ) · (tr(c·G_j) + g·√λ/π_j)`.
 
     `a_blocks`, `g_blocks` are the scaled factors `c·A_j`, `c·G_j` cut into
     diagonal blocks (`KroneckerBlock.factor_blocks`; a diagonal `A` is a
-    vector); `π_j` follows `damping_split` (1 for "uniform").
+    vector); `pi` is `π_j`, a scalar or one per group.
     """
     root = ops.sqrt(ops.cast(damping, "float32"))
     a_traces = group_traces(a_blocks, groups, a_dim)
     g_traces = group_traces(g_blocks, groups, g_dim)
-    pi = split_pi(damping_split, a_blocks, g_blocks, groups, a_dim, g_dim)
     return ops.sum(
         (a_traces + a_dim * root * pi) * (g_traces + g_dim * root / pi)
     )
@@ -74,7 +75,7 @@ def trace_decision(trace, last_trace, stopped, usable, thresholds):
 
 
 def block_decision(
-    block, a_blocks, g_blocks, damping, damping_split, last, seen, accepted
+    block, a_blocks, g_blocks, damping, pi, last, seen, accepted
 ):
     """`(refresh, stop, last_trace)` of one block at a refresh step.
 
@@ -91,10 +92,83 @@ def block_decision(
         block.a_dim,
         block.g_dim,
         damping,
-        damping_split,
+        pi,
     )
     refresh, stop = trace_decision(
         trace, last_trace, stopped, ops.logical_and(seen, accepted), thresholds
     )
     taken = ops.logical_and(ops.logical_and(refresh, seen), ops.isfinite(trace))
     return refresh, stop, ops.where(taken, trace, last_trace)
+
+
+class TraceRuleState(OptionState):
+    """The trace rule's state (`trace_thresholds`): `last_traces` and
+    `stopped_blocks` (one entry per block), then `skipped_inversions`."""
+
+    def __init__(self, options, table, add_variable):
+        super().__init__(options, table, add_variable)
+        self.positions = {index: p for p, index in enumerate(table)}
+        count = (len(table),)
+        self.last_traces = add_variable(
+            count, "zeros", "float32", name="last_traces"
+        )
+        self.stopped = add_variable(
+            count, "zeros", "int32", name="stopped_blocks"
+        )
+        self.skipped = add_variable(
+            (), "zeros", "int32", name="skipped_inversions"
+        )
+
+    @classmethod
+    def enabled(cls, options):
+        return options.trace_thresholds is not None
+
+    def block_state(self, index, position):
+        return {
+            "last_trace": numpy_value(self.last_traces)[position],
+            "stopped": bool(numpy_value(self.stopped)[position]),
+        }
+
+    @property
+    def skipped_inversions(self):
+        """How many inversions the rule skipped."""
+        return int(numpy_value(self.skipped))
+
+    def training_logs(self):
+        return {
+            "thor_skipped_inversions": ops.cast(self.skipped, "float32"),
+            "thor_stopped_blocks": ops.cast(ops.sum(self.stopped), "float32"),
+        }
+
+    def decide(self, blocks, factors, damping, writes):
+        """`{index: refresh}` of the blocks in `factors` (`block_decision`);
+        the new last traces, stopped blocks and skipped count go to
+        `writes`.
+
+        `factors[index]` is `(c·A blocks, c·G blocks, π, seen, accepted)`:
+        with `factor_decay`, whether the averages hold statistics yet and
+        took this step's (if not, the rule does not decide: an unchanged
+        average would look settled and stop the layer).
+        """
+        last_traces = ops.unstack(ops.convert_to_tensor(self.last_traces))
+        stopped = ops.unstack(ops.convert_to_tensor(self.stopped) > 0)
+        refresh = {}
+        for index, (a, g, pi, seen, accepted) in factors.items():
+            position = self.positions[index]
+            last = (
+                last_traces[position],
+                stopped[position],
+                self.options.trace_thresholds,
+            )
+            refresh[index], stopped[position], last_traces[position] = (
+                block_decision(
+                    blocks[index], a, g, damping, pi, last, seen, accepted
+                )
+            )
+        writes.set(self.last_traces, ops.stack(last_traces))
+        writes.set(self.stopped, ops.cast(ops.stack(stopped), "int32"))
+        skipped = [
+            ops.cast(ops.logical_not(r), "int32") for r in refresh.values()
+        ]
+        writes.add(self.skipped, ops.sum(ops.stack(skipped)))
+        return refresh

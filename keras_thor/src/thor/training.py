@@ -20,12 +20,13 @@ from keras_thor.src.distribute.train_step import keras_train_step
 from keras_thor.src.distribute.train_step import scaled_training_loss
 from keras_thor.src.distribute.train_step import training_call
 from keras_thor.src.thor import capture
-from keras_thor.src.thor.joint_bias import joint_directions
-from keras_thor.src.thor.kl_guard import guarded_gradients
+from keras_thor.src.thor.directions import Guard
+from keras_thor.src.thor.directions import step_directions
 from keras_thor.src.thor.optimizer import THOR
 from keras_thor.src.thor.sampled_fisher import fisher_loss_kind
 from keras_thor.src.thor.sampled_fisher import sampled_loss
 from keras_thor.src.thor.sampled_fisher import sampled_targets
+from keras_thor.src.thor.state_writes import StateWrites
 
 
 def thor_optimizer_of(optimizer):
@@ -35,17 +36,7 @@ def thor_optimizer_of(optimizer):
     return optimizer if isinstance(optimizer, THOR) else None
 
 
-def _factored_calls(plan, calls):
-    """`{kernel index: [call positions]}` of the factored-order kernels."""
-    factored = {}
-    for position, call in enumerate(calls):
-        index = plan.variable_index(call.block.kernel)
-        if index in plan.factored_kernels:
-            factored.setdefault(index, []).append(position)
-    return factored
-
-
-def _gradients(plan, variables, calls, factored, scaled_loss, tape, refresh):
+def _gradients(plan, variables, calls, scaled_loss, tape, refresh):
     """One backward pass: `(grads, output_grads)`.
 
     `grads[i]` is `variables[i]`'s gradient, `None` for factored-order
@@ -53,13 +44,13 @@ def _gradients(plan, variables, calls, factored, scaled_loss, tape, refresh):
     `calls[p]`'s outputs where needed (every call if `refresh`, the
     factored-order calls otherwise), else `None`.
     """
-    skipped = {id(plan.blocks[index].kernel) for index in factored}
-    factored_positions = {
-        p for positions in factored.values() for p in positions
-    }
-    needed = [
-        p for p in range(len(calls)) if refresh or p in factored_positions
+    factored = [
+        p
+        for p, call in enumerate(calls)
+        if plan.variable_index(call.block.kernel) in plan.factored_kernels
     ]
+    skipped = {id(calls[p].block.kernel) for p in factored}
+    needed = [p for p in range(len(calls)) if refresh or p in factored]
     plain = [v for v in variables if id(v) not in skipped]
     gradients = tape.gradient(
         scaled_loss, plain + [calls[p].outputs for p in needed]
@@ -70,28 +61,6 @@ def _gradients(plan, variables, calls, factored, scaled_loss, tape, refresh):
     plain_grads = iter(gradients[: len(plain)])
     grads = [None if id(v) in skipped else next(plain_grads) for v in variables]
     return grads, output_grads
-
-
-def _add_factored_gradients(
-    thor, variables, grads, calls, factored, output_grads
-):
-    """Fills in `A⁻¹ · g · G⁻¹` of the factored-order kernels (summed over
-    their calls), from the stored inverses."""
-    for position, variable in enumerate(variables):
-        index = thor.step_plan.variable_index(variable)
-        if index not in factored:
-            continue
-        parts = [
-            thor.estimator.factored_gradient(
-                index, calls[p].inputs, output_grads[p]
-            )
-            for p in factored[index]
-            if output_grads[p] is not None
-        ]
-        if parts:
-            total = sum(parts[1:], parts[0])
-            grads[position] = ops.cast(total, variable.dtype)
-    return grads
 
 
 def _sampled_fisher_loss(model, thor, y_pred):
@@ -109,6 +78,22 @@ def _sampled_fisher_loss(model, thor, y_pred):
     return model.optimizer.scale_loss(loss / replicas.replica_count())
 
 
+def _guard(thor, loss_scale):
+    """The step-size guard's `Guard` (`kl_clip`), else `None`."""
+    if thor.kl_clip is None:
+        return None
+    return Guard(
+        kl_clip=thor.kl_clip,
+        mode=thor.kl_clip_mode,
+        learning_rate=ops.cast(thor.learning_rate, "float32"),
+        momentum=thor.momentum,
+        velocity_of=thor.velocity_of,
+        damping=thor.current_damping(),
+        batch_size=float(thor.batch_size),
+        loss_scale=loss_scale,
+    )
+
+
 def train_step(model, data, statistics, invert, update=True):
     """One training step; it gathers curvature statistics if `statistics`
     and then refreshes the inverses if `invert`; it updates the weights if
@@ -118,9 +103,12 @@ def train_step(model, data, statistics, invert, update=True):
     record their calls, the loss is differentiated with respect to their
     outputs too (statistics steps, and Dense layers preconditioned in the
     factored order; with `fisher="sampled"`, a second loss at sampled
-    targets gives the statistics), the estimator takes the factors before
-    `apply_gradients`, and with `kl_clip` the kernels' directions are
-    guarded here. The logs carry `THOR.training_logs()`. Under a strategy, a
+    targets gives the statistics), the estimator makes the step's new
+    curvature state from them, which `THOR.write_state` writes; the
+    direction stage (`directions`) forms the directions the step owns
+    from the new inverses, and `THOR.write_state` writes what it adds (the
+    guard scale; a burn-in step's count) before `apply_gradients`. The
+    logs carry `THOR.training_logs()`. Under a strategy, a
     `LossScaleOptimizer` sees an overflow on any replica (Keras's looks at
     replica 0's gradients).
     """
@@ -137,10 +125,12 @@ def train_step(model, data, statistics, invert, update=True):
         keras_internals.symbolic_build(model, data)
         variables = model.trainable_weights
     plan = thor.step_plan
-    recorded = plan.recorded_blocks
+    estimator = thor.estimator
+    recorded = estimator.recorded_blocks()
     if not statistics:
         recorded = {i: recorded[i] for i in plan.factored_kernels}
     sampled = statistics and plan.fisher == "sampled"
+    writes = StateWrites()
     with capture.thor_training_step():
         with tf.GradientTape(persistent=sampled) as tape:
             with capture.capture_calls(recorded.values()) as calls:
@@ -150,12 +140,10 @@ def train_step(model, data, statistics, invert, update=True):
             )
             if sampled:
                 fisher_loss = _sampled_fisher_loss(model, thor, y_pred)
-        factored = _factored_calls(plan, calls)
         grads, output_grads = _gradients(
             plan,
             variables,
             calls,
-            factored,
             scaled_loss,
             tape,
             statistics and not sampled,
@@ -170,23 +158,31 @@ def train_step(model, data, statistics, invert, update=True):
         if statistics:
             examples = batch_examples(x) * replicas.replica_count()
             sample_scale = ops.cast(examples, "float32") / loss_scale
-            thor.estimator.refresh(
-                thor.estimator.gather(calls, statistics_grads, sample_scale),
+            estimator.refresh(
+                estimator.gather(calls, statistics_grads, sample_scale),
                 thor.current_damping(),
-                invert=invert,
+                invert,
+                writes,
             )
+            thor.write_state(writes)
         if update:
-            # After the refresh: the factored products read the new inverses.
-            grads = _add_factored_gradients(
-                thor, variables, grads, calls, factored, output_grads
+            # After the refresh: the directions read the new inverses.
+            grads, scale = step_directions(
+                plan,
+                estimator.blocks,
+                estimator.values_after(writes),
+                variables,
+                grads,
+                calls,
+                output_grads,
+                _guard(thor, loss_scale),
             )
-            if plan.guarded_kernels:
-                # Joint pairs included.
-                grads = guarded_gradients(thor, variables, grads, loss_scale)
-            elif plan.joint_biases:
-                grads = joint_directions(plan, thor.estimator, variables, grads)
-            apply_gradients(model.optimizer, grads, variables)
+            if scale is not None:
+                estimator.record_guard_scale(scale, writes)
         else:
-            thor.estimator.record_burn_in()
+            estimator.record_burn_in(writes)
+        thor.write_state(writes)
+        if update:
+            apply_gradients(model.optimizer, grads, variables)
     logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
     return {**logs, **thor.training_logs()}

@@ -1,24 +1,15 @@
 """THOR's per-variable update: precondition, decay, clip, momentum.
 
 Pure functions of tensors; `THOR` orchestrates them and assigns the
-results.
+results. A variable the step's direction stage has preconditioned
+(`StepPlan.preconditioned_in_step`) comes with no preconditioner here.
 """
 
 from keras import ops
 
+from keras_thor.src.thor.preconditioning import plain_direction
 from keras_thor.src.utils.finite import if_finite
 from keras_thor.src.utils.finite import is_finite
-
-
-def precondition(
-    preconditioner, gradient, a_inverse, g_inverse, damping, batch_size
-):
-    """The gradient after the variable's preconditioner (`None`: none)."""
-    if preconditioner is None:
-        return gradient
-    return preconditioner.precondition(
-        gradient, a_inverse, g_inverse, damping, batch_size
-    )
 
 
 def clip_by_norm(gradient, clip_norm=1.0):
@@ -64,7 +55,7 @@ def thor_update(
     true.
     """
     w = ops.cast(variable, "float32")
-    direction = precondition(
+    direction = plain_direction(
         preconditioner,
         ops.reshape(ops.cast(gradient, "float32"), variable.shape),
         a_inverse,
