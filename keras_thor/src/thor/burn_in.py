@@ -13,6 +13,8 @@ from keras_thor.src.thor.option_state import OptionState
 class BurnInState(OptionState):
     """`burn_in_steps_done`: how many burn-in steps have run."""
 
+    option = "burn_in_steps"
+
     def __init__(self, options, table, add_variable):
         super().__init__(options, table, add_variable)
         self.done = add_variable(
@@ -21,7 +23,7 @@ class BurnInState(OptionState):
 
     @classmethod
     def enabled(cls, options):
-        return bool(options.burn_in_steps)
+        return bool(options.burn_in_steps)  # 0: off
 
     def steps_done(self):
         """The burn-in steps run so far, an int32 tensor."""

@@ -39,6 +39,8 @@ class FactorAverages(OptionState):
     `a_factor` and `g_factor` in its inverses' shapes, then a zero
     `factor_weight`."""
 
+    option = "factor_decay"
+
     def __init__(self, options, table, add_variable):
         super().__init__(options, table, add_variable)
         self.averages = {}
@@ -56,10 +58,6 @@ class FactorAverages(OptionState):
                 (), "zeros", "float32", name=f"{name}_factor_weight"
             )
             self.averages[index] = (a_factor, g_factor, weight)
-
-    @classmethod
-    def enabled(cls, options):
-        return options.factor_decay is not None
 
     def block_state(self, index, position):
         a_factor, g_factor, weight = self.averages[index]

@@ -91,13 +91,11 @@ def guarded_directions(
 class KlGuardState(OptionState):
     """`guard_scale`: the last step's `ν` (`kl_clip`), 1 at first."""
 
+    option = "kl_clip"
+
     def __init__(self, options, table, add_variable):
         super().__init__(options, table, add_variable)
         self.scale = add_variable((), "ones", "float32", name="guard_scale")
-
-    @classmethod
-    def enabled(cls, options):
-        return options.kl_clip is not None
 
     @property
     def last_scale(self):

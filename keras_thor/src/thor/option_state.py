@@ -14,7 +14,8 @@ field to `CurvatureOptions`, and registers its class at the end of
 
 
 class OptionState:
-    """One curvature option's variables and what it logs (a base class).
+    """One curvature option's variables and what it logs (a base class;
+    a subclass names its `option` field).
 
     Args:
         options: THOR's `CurvatureOptions`.
@@ -24,13 +25,16 @@ class OptionState:
         add_variable: THOR's `add_variable`.
     """
 
+    # The `CurvatureOptions` field that switches the option on.
+    option = None
+
     def __init__(self, options, table, add_variable):
         self.options = options
 
     @classmethod
     def enabled(cls, options):
-        """Whether `options` switch the option on."""
-        raise NotImplementedError
+        """Whether `options` switch the option on: its field is set."""
+        return getattr(options, cls.option) is not None
 
     def block_state(self, index, position):
         """The `BlockState` fields this option keeps for block `index`

@@ -105,6 +105,8 @@ class TraceRuleState(OptionState):
     """The trace rule's state (`trace_thresholds`): `last_traces` and
     `stopped_blocks` (one entry per block), then `skipped_inversions`."""
 
+    option = "trace_thresholds"
+
     def __init__(self, options, table, add_variable):
         super().__init__(options, table, add_variable)
         self.positions = {index: p for p, index in enumerate(table)}
@@ -118,10 +120,6 @@ class TraceRuleState(OptionState):
         self.skipped = add_variable(
             (), "zeros", "int32", name="skipped_inversions"
         )
-
-    @classmethod
-    def enabled(cls, options):
-        return options.trace_thresholds is not None
 
     def block_state(self, index, position):
         return {
