@@ -177,8 +177,9 @@ def refresh_pieces(model, x, y):
     @tf.function
     def backward_and_statistics(x, y):
         with tf.GradientTape() as tape:
-            with capture.capture_calls(blocks) as calls:
+            with capture.capture_calls(blocks) as recording:
                 loss = LOSS(y, model(x, training=True))
+        calls = recording.calls
         outputs = [call.outputs for call in calls]
         grads = tape.gradient(loss, variables + outputs)
         scale = tf.cast(tf.shape(x)[0], "float32")

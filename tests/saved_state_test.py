@@ -21,7 +21,16 @@ import pytest
 import keras_thor
 from tests.fixtures import generate_saved_states as saved
 
-pytestmark = pytest.mark.tf_only
+# THOR and the optimizers are written for TensorFlow and JAX alike: the
+# files TensorFlow wrote resume on JAX along the same trajectory. Boost
+# trains on TensorFlow only.
+EVERY_BACKEND = {"asgd", "sag", "thor_default", "thor_all_options"}
+CASE_NAMES = [
+    pytest.param(
+        name, marks=() if name in EVERY_BACKEND else pytest.mark.tf_only
+    )
+    for name in sorted(saved.CASES)
+]
 
 FIXTURES = saved.DIRECTORY
 RTOL, ATOL = 1e-5, 1e-6
@@ -30,6 +39,11 @@ RTOL, ATOL = 1e-5, 1e-6
 # about 90) end up to 3e-4 away from the Intel machine's that wrote the
 # trajectory, while the weights and logs agree to 1e-5.
 STATE_TOLERANCE = {"dim_reduce": (2e-3, 1e-3)}
+# The sampled Fisher draws its targets with each backend's own generator
+# (`keras_thor.src.backend.stateless_random`): on JAX the file's THOR with
+# every option loads exactly, then trains on other draws than TensorFlow's,
+# so there only its state is compared, and that it trains on.
+OTHER_DRAWS = {"thor_all_options"}
 # What Keras 3.15 only warns about when it loads part of a state, e.g.
 # "Skipping variable loading for optimizer 'thor', because it has 40
 # variables whereas the saved optimizer has 44 variables."
@@ -135,28 +149,31 @@ def _assert_loaded_state(weights, state, stored, optimizer):
 
 def _assert_stored_trajectory(model, steps, stored, name):
     logs = steps.arrays()
+    if keras.backend.backend() != "tensorflow" and name in OTHER_DRAWS:
+        assert np.all(np.isfinite(logs["loss"])), logs["loss"]
+        return
+    tolerance = (RTOL, ATOL)
     expected = {k[len("log__") :]: v for k, v in stored.items() if "log__" in k}
     assert set(expected) <= set(logs), (sorted(expected), sorted(logs))
     for key, values in expected.items():
         np.testing.assert_allclose(
-            logs[key], values, rtol=RTOL, atol=ATOL, err_msg=f"log {key!r}"
+            logs[key], values, *tolerance, err_msg=f"log {key!r}"
         )
     _assert_equal_lists(
         saved.weights_of(model),
         _listed(stored, "final_weight"),
         "final weights",
-        RTOL,
-        ATOL,
+        *tolerance,
     )
     _assert_equal_lists(
         _file_state(model.optimizer, saved.optimizer_state(model)),
         _listed(stored, "final_optimizer"),
         "final optimizer variables",
-        *STATE_TOLERANCE.get(name, (RTOL, ATOL)),
+        *STATE_TOLERANCE.get(name, tolerance),
     )
 
 
-@pytest.mark.parametrize("name", sorted(saved.CASES))
+@pytest.mark.parametrize("name", CASE_NAMES)
 def test_keras_file_continues_the_stored_trajectory(name, workdir):
     case, stored = saved.CASES[name], _stored(name)
     with _NoLoadingWarnings():
@@ -173,7 +190,7 @@ def test_keras_file_continues_the_stored_trajectory(name, workdir):
     _assert_stored_trajectory(model, steps, stored, name)
 
 
-@pytest.mark.parametrize("name", sorted(saved.CASES))
+@pytest.mark.parametrize("name", CASE_NAMES)
 def test_backup_and_restore_resumes_the_stored_trajectory(name, workdir):
     case, stored = saved.CASES[name], _stored(name)
     backup = str(workdir / "backup")  # a resumed fit that ends deletes it

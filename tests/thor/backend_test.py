@@ -1,7 +1,8 @@
-"""THOR and boost on each backend (issue 25): they train on TensorFlow
-only, so `compile` refuses them elsewhere, naming the backend and the fix;
-models saved compiled with them load compiled everywhere (`predict` and
-`evaluate` run), and on TensorFlow keep training where they stopped."""
+"""THOR and boost on each backend (issues 25 and 36): THOR trains on
+TensorFlow and JAX, boost on TensorFlow, so `compile` refuses them
+elsewhere, naming the backend and the fix; models saved compiled with them
+load compiled everywhere (`predict` and `evaluate` run), and where they
+train keep training where they stopped."""
 
 import os
 import warnings
@@ -19,8 +20,12 @@ BACKEND = keras.backend.backend()
 not_tensorflow = pytest.mark.skipif(
     BACKEND == "tensorflow", reason="the other backends' behaviour"
 )
-tensorflow_only = pytest.mark.tf_only
-FIX = "Set KERAS_BACKEND=tensorflow before importing keras"
+thor_refused = pytest.mark.skipif(
+    BACKEND in ("tensorflow", "jax"), reason="THOR trains on this backend"
+)
+thor_trains = pytest.mark.skipif(
+    BACKEND not in ("tensorflow", "jax"), reason="THOR does not train here"
+)
 
 
 def _thor_model():
@@ -36,13 +41,19 @@ def _boost_model():
 
 
 def _refusal(feature):
+    if feature == "THOR":
+        trains = "the TensorFlow or JAX backends only"
+        fix = "Set KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax"
+    else:
+        trains = "the TensorFlow backend only"
+        fix = "Set KERAS_BACKEND=tensorflow"
     return (
-        f"{feature} trains on the TensorFlow backend only .*{FIX}. "
+        f"{feature} trains on {trains} .*{fix} before importing keras. "
         f"Received: backend='{BACKEND}'"
     )
 
 
-@not_tensorflow
+@thor_refused
 @pytest.mark.parametrize("wrapped", [False, True], ids=["bare", "loss_scaled"])
 def test_compile_with_thor_names_the_backend_and_the_fix(wrapped):
     model = _thor_model()
@@ -78,11 +89,15 @@ def _load(name):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = keras.models.load_model(path)
-    ours = [str(w.message) for w in caught if "TensorFlow" in str(w.message)]
+    ours = [str(w.message) for w in caught if "KERAS_BACKEND" in str(w.message)]
     return model, ours
 
 
-LOADED = ["thor_default", "thor_all_options", "group_loss_scale"]
+LOADED = [
+    pytest.param("thor_default", marks=thor_refused),
+    pytest.param("thor_all_options", marks=thor_refused),
+    "group_loss_scale",
+]
 
 
 @not_tensorflow
@@ -100,7 +115,7 @@ def test_saved_on_tensorflow_loads_compiled_and_predicts(name):
         model.fit(x, y, epochs=1, verbose=0)
 
 
-@tensorflow_only
+@thor_trains
 def test_saved_thor_model_loads_compiled_and_keeps_training():
     model, ours = _load("thor_default")
     assert ours == []
@@ -113,3 +128,55 @@ def test_saved_thor_model_loads_compiled_and_keeps_training():
     assert int(model.optimizer.iterations) == 9 + saved.STEPS_PER_EPOCH
     after = helpers.weights_of(model)
     assert any(not np.allclose(a, b) for a, b in zip(before, after))
+
+
+_CONTINUE_ON_OTHER_BACKEND = """
+import os, sys
+os.environ["KERAS_BACKEND"] = sys.argv[1]
+import keras, numpy as np
+import keras_thor  # noqa: F401 (registers THOR for loading)
+from tests.fixtures import generate_saved_states as saved
+model = keras.models.load_model(sys.argv[2])
+saved.fit(model, saved.CASES["thor_default"].data(), 1, [])
+np.savez(sys.argv[3], *saved.weights_of(model), *saved.optimizer_state(model))
+"""
+
+
+@thor_trains
+def test_file_saved_here_resumes_on_the_other_backend(tmp_path):
+    import subprocess
+    import sys
+
+    other = "jax" if BACKEND == "tensorflow" else "tensorflow"
+    case = saved.CASES["thor_default"]
+    model, callbacks = case.make()
+    saved.fit(model, case.data(), 1, callbacks())
+    path = str(tmp_path / "thor.keras")
+    model.save(path)
+    saved.fit(model, case.data(), 1, [])
+    here = saved.weights_of(model) + saved.optimizer_state(model)
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _CONTINUE_ON_OTHER_BACKEND,
+            other,
+            path,
+            str(tmp_path / "there.npz"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": root, "KERAS_BACKEND": other},
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    with np.load(tmp_path / "there.npz") as there:
+        there = [there[f"arr_{i}"] for i in range(len(there.files))]
+    assert len(there) == len(here)
+    for index, (a, b) in enumerate(zip(here, there)):
+        np.testing.assert_allclose(
+            a, b, rtol=1e-4, atol=1e-5, err_msg=f"variable {index}"
+        )

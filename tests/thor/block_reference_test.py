@@ -15,8 +15,6 @@ import pytest
 import keras_thor
 from tests.thor import block_reference as ref
 
-pytestmark = pytest.mark.tf_only
-
 N = 6
 LEARNING_RATE = 0.1
 DAMPING = 0.01

@@ -13,8 +13,6 @@ import keras_thor
 from keras_thor.optimizers import THOR
 from tests import helpers
 
-pytestmark = pytest.mark.tf_only
-
 SAMPLES, BATCH = 40, 16  # a partial last batch of 8
 
 

@@ -10,8 +10,6 @@ import keras_thor
 from keras_thor.optimizers import THOR
 from tests import helpers
 
-pytestmark = pytest.mark.tf_only
-
 
 @pytest.mark.parametrize(
     "loss",

@@ -9,8 +9,6 @@ import pytest
 import keras_thor
 from tests import helpers
 
-pytestmark = pytest.mark.tf_only
-
 STEPS_PER_EPOCH = 6
 
 

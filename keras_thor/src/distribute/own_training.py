@@ -16,37 +16,49 @@ class OwnTraining:
     Args:
         feature: What needs the step, as the errors' sentences start with
             it (`"THOR"`, ``"A `BoostOptimizer`"``).
-        reason: Why it needs TensorFlow (`"its curvature capture is
-            TensorFlow code"`).
+        reason: Why it needs the backends it trains on (`"its curvature
+            capture is TensorFlow and JAX code"`).
+        backends: The backends it trains on.
     """
 
-    def __init__(self, feature, reason):
+    def __init__(self, feature, reason, backends=("tensorflow",)):
         self.feature = feature
         self.reason = reason
+        self.backends = tuple(backends)
+
+    def _trains_on(self):
+        names = {"tensorflow": "TensorFlow", "jax": "JAX"}
+        backends = " or ".join(names[b] for b in self.backends)
+        noun = "backend" if len(self.backends) == 1 else "backends"
+        return f"{self.feature} trains on the {backends} {noun} only"
+
+    def _setting(self):
+        return " or ".join(f"KERAS_BACKEND={b}" for b in self.backends)
 
     def backend_message(self):
         return (
-            f"{self.feature} trains on the TensorFlow backend only "
-            f"({self.reason}). Set KERAS_BACKEND=tensorflow before importing "
-            f"keras. Received: backend={keras.backend.backend()!r}"
+            f"{self._trains_on()} ({self.reason}). Set {self._setting()} "
+            "before importing keras. "
+            f"Received: backend={keras.backend.backend()!r}"
         )
 
     def check_backend(self):
         """Raises the `ValueError` that names the backend and the fix
-        anywhere but on TensorFlow (`compile`, `fit`)."""
-        if keras.backend.backend() != "tensorflow":
+        on a backend it does not train on (`compile`, `fit`)."""
+        if keras.backend.backend() not in self.backends:
             raise ValueError(self.backend_message())
 
     def warn_loaded(self):
-        """Warns, anywhere but on TensorFlow, that a model loaded compiled
-        with the feature predicts and evaluates but cannot `fit`."""
-        if keras.backend.backend() != "tensorflow":
+        """Warns, on a backend it does not train on, that a model loaded
+        compiled with the feature predicts and evaluates but cannot
+        `fit`."""
+        if keras.backend.backend() not in self.backends:
             warnings.warn(
-                f"{self.feature} trains on the TensorFlow backend only "
-                f"({self.reason}): this model, loaded compiled with it on "
+                f"{self._trains_on()} ({self.reason}): this model, loaded "
+                "compiled with it on "
                 f"backend={keras.backend.backend()!r}, can `predict` and "
                 "`evaluate` but not `fit`. To train it, set "
-                "KERAS_BACKEND=tensorflow before importing keras.",
+                f"{self._setting()} before importing keras.",
                 stacklevel=3,
             )
 
@@ -56,7 +68,7 @@ def own_train_function(model, force, training, make):
     `force`), else resynchronized with the optimizer's step count.
 
     `training` (an `OwnTraining`) names what needs keras_thor's training
-    step in the errors: it needs the TensorFlow backend and never silently
+    step in the errors: it needs one of its backends and never silently
     replaces an overridden `train_step`.
     """
     if model.train_function is not None and not force:

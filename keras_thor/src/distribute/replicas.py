@@ -85,11 +85,11 @@ def replica_id():
     """This replica's index in its sync group (0 outside a strategy): a
     Python int where the strategy fixes it when tracing (Mirrored,
     MultiWorkerMirrored), else a scalar tensor (TPU)."""
-    import tensorflow as tf
-
     context = _replica_context()
     if context is None:
         return 0
+    import tensorflow as tf
+
     index = context.replica_id_in_sync_group
     static = tf.get_static_value(index)
     return index if static is None else int(static)

@@ -15,9 +15,13 @@ from keras_thor.src.distribute import replicas
 
 
 def examples(x):
+    """The number of examples in the batch `x` (a scalar tensor where the
+    traced shape does not fix it)."""
+    first = next(t for t in keras.tree.flatten(x) if t is not None)
+    if keras.backend.backend() != "tensorflow":
+        return keras.ops.shape(first)[0]
     import tensorflow as tf
 
-    first = next(t for t in keras.tree.flatten(x) if t is not None)
     return tf.shape(first)[0]
 
 

@@ -2,9 +2,12 @@
 each traced on its own and chosen in Python before each step."""
 
 import collections
+import contextlib
 import functools
 
 from keras_thor.src import keras_internals
+from keras_thor.src.distribute.replicas import batch_value
+from keras_thor.src.distribute.replicas import per_replica_rows
 from keras_thor.src.distribute.train_step import reduce_logs
 
 # One variant's functions: `traced` (one step on a batch, the `tf.function`
@@ -17,33 +20,14 @@ _Variant = collections.namedtuple(
 )
 
 
-class VariantTrainFunction:
-    """`model.train_function` whose every step runs one of a few variants.
+class VariantHooks:
+    """What a train function of step variants asks its subclass (the
+    hooks), whatever the backend's plumbing.
 
     A subclass names the variant of each step (`variant_at(step)`, a
     hashable key), gives its per-replica step (`variant_step(key)`) and
-    reads the step count (`read_step()`). Each variant is traced once, as
-    its own `tf.function`s (`traced_variant(key)`), so TensorFlow counts
-    neither their first traces nor their calls together.
-
-    Each call runs `model.steps_per_execution` steps (fewer at the end of
-    the data), as Keras's own train function does: consecutive steps of a
-    variant that `fuses` run as one compiled loop, other steps alone. A
-    list of batches (Keras's `train_on_batch`) runs one step per batch.
-    With one step per execution and `fetches_in_step`, the traced call
-    fetches its batch itself, as Keras's own does (unless the subclass
-    `wants_batch`).
-
-    The step count is read with `read_step()` at the start of each `fit`
-    (`resync`), after a fused run or an end of data, and before every step
-    while `recounts()`; otherwise it is counted in Python.
+    reads the step count (`read_step()`).
     """
-
-    # Whether a one-step execution fetches its batch inside the traced call
-    # (saves a host round trip a step). At the end of the data TensorFlow
-    # still runs that call's updates that do not wait for the batch, the
-    # step counters' among them (as in Keras 3.15's own train function).
-    fetches_in_step = False
 
     def __init__(self, model):
         self.model = model
@@ -90,14 +74,55 @@ class VariantTrainFunction:
         steps here."""
         return function(argument)
 
+    def resync(self):
+        """Reads the step count from the optimizer before the next step."""
+        self._step = None
+
+
+class VariantTrainFunction(VariantHooks):
+    """`model.train_function` whose every step runs one of a few variants.
+
+    A subclass names the variant of each step (`variant_at(step)`, a
+    hashable key), gives its per-replica step (`variant_step(key)`) and
+    reads the step count (`read_step()`). Each variant is traced once, as
+    its own `tf.function`s (`traced_variant(key)`), so TensorFlow counts
+    neither their first traces nor their calls together.
+
+    Each call runs `model.steps_per_execution` steps (fewer at the end of
+    the data), as Keras's own train function does: consecutive steps of a
+    variant that `fuses` run as one compiled loop, other steps alone. A
+    list of batches (Keras's `train_on_batch`) runs one step per batch.
+    With one step per execution and `fetches_in_step`, the traced call
+    fetches its batch itself, as Keras's own does (unless the subclass
+    `wants_batch`).
+
+    The step count is read with `read_step()` at the start of each `fit`
+    (`resync`), after a fused run or an end of data, and before every step
+    while `recounts()`; otherwise it is counted in Python.
+    """
+
+    # Whether a one-step execution fetches its batch inside the traced call
+    # (saves a host round trip a step). At the end of the data TensorFlow
+    # still runs that call's updates that do not wait for the batch, the
+    # step counters' among them (as in Keras 3.15's own train function).
+    fetches_in_step = False
+
     def traced_variant(self, key):
         """The `tf.function` of one step of variant `key` on a batch (the
         untraced function under `run_eagerly`), for reading its graphs."""
         return self._variant(key).traced
 
-    def resync(self):
-        """Reads the step count from the optimizer before the next step."""
-        self._step = None
+    def state_values(self):
+        """A context for host reads of the optimizer's variables (they hold
+        their values on TensorFlow: nothing to do)."""
+        return contextlib.nullcontext()
+
+    def batch_rows(self, data):
+        """The per-replica size of the batch `data` (`None` for an
+        iterator)."""
+        return per_replica_rows(
+            self.model.distribute_strategy, batch_value(data)
+        )
 
     def __call__(self, iterator):
         import tensorflow as tf

@@ -7,6 +7,15 @@ the user wrote: `hook_layer` gives a layer instance a `call` of its own
 that runs its class's `call` unchanged, and records while a capture is
 active in this thread for one of the layer's blocks. The capture is per
 thread, which keeps replicas apart under `tf.distribute`.
+
+A layer passes each recorded output through `capture.tap(outputs)` before
+using it further. On TensorFlow a tap is the identity (the tape
+differentiates with respect to any tensor). On JAX, where only a
+function's arguments can be differentiated, a capture made with `probes`
+adds the next probe, a zero argument of the output's shape, so that the
+gradient at the probe is the gradient at the output (kfac-jax's trick);
+a capture made with `probes=DISCOVER` only lists the tapped outputs, whose
+shapes the probes take.
 """
 
 import contextlib
@@ -17,38 +26,57 @@ _ACTIVE = threading.local()
 _CAPTURE_CALL = "_keras_thor_capture_call"
 
 
+# `capture_calls(..., probes=DISCOVER)`: list the tapped outputs only.
+DISCOVER = "discover"
+
+
 class LayerCall:
     """One recorded call: the block, its inputs and (pre-activation)
-    outputs."""
+    outputs, and `tap`, the index of the outputs among the capture's
+    tapped tensors (their probe's index)."""
 
-    def __init__(self, block, inputs, outputs):
+    def __init__(self, block, inputs, outputs, tap=None):
         self.block = block
         self.inputs = inputs
         self.outputs = outputs
+        self.tap = tap
 
 
 class _Capture:
-    def __init__(self, blocks):
+    def __init__(self, blocks, probes):
         self.blocks = set(map(id, blocks))
+        self.probes = probes
         self.calls = []
+        self.tapped = []
 
     def wants(self, block):
         return id(block) in self.blocks
 
+    def tap(self, outputs):
+        """`outputs`, plus the next probe where the capture has probes."""
+        if self.probes is not None and self.probes is not DISCOVER:
+            outputs = outputs + self.probes[len(self.tapped)]
+        self.tapped.append(outputs)
+        return outputs
+
     def record(self, block, inputs, outputs):
         if self.wants(block):
-            self.calls.append(LayerCall(block, inputs, outputs))
+            tap = next(
+                (k for k, t in enumerate(self.tapped) if t is outputs), None
+            )
+            self.calls.append(LayerCall(block, inputs, outputs, tap))
 
 
 @contextlib.contextmanager
-def capture_calls(blocks):
-    """Context manager yielding the list of `LayerCall`s of `blocks`'
-    layers called inside it (in this thread)."""
+def capture_calls(blocks, probes=None):
+    """Context manager yielding the `_Capture` of `blocks`' layers called
+    inside it (in this thread): `.calls`, the `LayerCall`s; `.tapped`, the
+    tapped outputs. `probes`: see the module's docstring."""
     previous = getattr(_ACTIVE, "capture", None)
-    capture = _Capture(blocks)
+    capture = _Capture(blocks, probes)
     _ACTIVE.capture = capture
     try:
-        yield capture.calls
+        yield capture
     finally:
         _ACTIVE.capture = previous
 
@@ -120,6 +148,7 @@ def run_recording_pre_activation(layer, args, kwargs, capture, blocks):
     seen = []
 
     def recording(outputs):
+        outputs = capture.tap(outputs)
         seen.append(outputs)
         return activation(outputs)
 

@@ -104,6 +104,9 @@ def _keeps_call_of(layer, classes):
 
 def _record_outputs(layer, args, kwargs, capture_, block):
     outputs = type(layer).call(layer, *args, **kwargs)
+    if not capture_.wants(block):
+        return outputs
+    outputs = capture_.tap(outputs)
     capture_.record(block, capture.call_inputs(args, kwargs), outputs)
     return outputs
 
@@ -115,13 +118,15 @@ def _separable_call(layer, args, kwargs, capture_, depthwise, pointwise, bias):
     if not any(capture_.wants(b) for b in (depthwise, pointwise, bias)):
         return type(layer).call(layer, *args, **kwargs)
     inputs = capture.call_inputs(args, kwargs)
-    middle = ops.depthwise_conv(
-        inputs,
-        layer.depthwise_kernel,
-        strides=layer.strides,
-        padding=layer.padding,
-        dilation_rate=layer.dilation_rate,
-        data_format=layer.data_format,
+    middle = capture_.tap(
+        ops.depthwise_conv(
+            inputs,
+            layer.depthwise_kernel,
+            strides=layer.strides,
+            padding=layer.padding,
+            dilation_rate=layer.dilation_rate,
+            data_format=layer.data_format,
+        )
     )
     outputs = ops.conv(
         middle, layer.pointwise_kernel, data_format=layer.data_format
@@ -133,6 +138,7 @@ def _separable_call(layer, args, kwargs, capture_, depthwise, pointwise, bias):
         else:
             shape = (1, layer.filters) + (1,) * rank
         outputs = ops.add(outputs, ops.reshape(layer.bias, shape))
+    outputs = capture_.tap(outputs)
     capture_.record(depthwise, inputs, middle)
     capture_.record(pointwise, middle, outputs)
     if bias is not None:

@@ -389,7 +389,9 @@ class CurvatureEstimator:
         averages keep the starting inverses until they hold statistics."""
         a_blocks, g_blocks, pi, seen, _ = factors
         block = self._blocks[index]
-        a_variable, g_variable = self._inverses[index]
+        a_variable, g_variable = map(
+            ops.convert_to_tensor, self._inverses[index]
+        )
         averaged = self.option(FactorAverages) is not None
         a_inverse, g_inverse, trouble = block_factor_inverses(
             a_blocks,

@@ -83,9 +83,10 @@ class FactorAverages(OptionState):
         weight = average_weight(previous, self.options.factor_decay)
         averaged = []
         for average, new in ((a_factor, a_new), (g_factor, g_new)):
-            updated = averaged_factor(average, new, weight)
-            averaged.append(ops.where(finite, updated, average))
+            average_value = ops.convert_to_tensor(average)
+            updated = averaged_factor(average_value, new, weight)
+            averaged.append(ops.where(finite, updated, average_value))
             writes.set(average, averaged[-1])
-        weight = ops.where(finite, weight, previous)
+        weight = ops.where(finite, weight, ops.convert_to_tensor(previous))
         writes.set(previous, weight)
         return (*averaged, weight > 0, finite)

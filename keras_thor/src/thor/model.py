@@ -7,10 +7,15 @@ from keras_thor.src.distribute.distributed_trainer import DistributedTrainer
 from keras_thor.src.distribute.own_training import OwnTraining
 from keras_thor.src.distribute.own_training import own_train_function
 from keras_thor.src.thor.curvature import attach_curvature
-from keras_thor.src.thor.train_function import ThorTrainFunction
+from keras_thor.src.thor.train_function import ThorVariants
+from keras_thor.src.thor.train_function import thor_train_function
 from keras_thor.src.thor.training import thor_optimizer_of
 
-THOR_TRAINING = OwnTraining("THOR", "its curvature capture is TensorFlow code")
+THOR_TRAINING = OwnTraining(
+    "THOR",
+    "its training step is written for TensorFlow's tape and JAX's vjp",
+    backends=("tensorflow", "jax"),
+)
 
 
 def _resolved(optimizer):
@@ -33,10 +38,10 @@ class ThorTrainer(DistributedTrainer):
     step. With any other optimizer the Keras parent class's own train
     function runs (an overridden `train_step` included).
 
-    THOR trains on the TensorFlow backend only: `compile` with THOR raises
-    on any other. A model saved compiled with THOR loads compiled with it
-    (and its state) on every backend, so `predict` and `evaluate` run
-    there; off TensorFlow loading warns and `fit` raises.
+    THOR trains on the TensorFlow and JAX backends: `compile` with THOR
+    raises on any other (torch). A model saved compiled with THOR loads
+    compiled with it (and its state) on every backend, so `predict` and
+    `evaluate` run there; on torch loading warns and `fit` raises.
     """
 
     def compile(self, optimizer="rmsprop", *args, **kwargs):
@@ -75,14 +80,16 @@ class ThorTrainer(DistributedTrainer):
         history = super().fit(*args, **kwargs)
         # Arrays and `steps_per_epoch` never reach an end of data: read
         # THOR's count of skipped updates once more (one host read).
-        if isinstance(self.train_function, ThorTrainFunction):
+        if isinstance(self.train_function, ThorVariants):
             self.train_function.check_skipped_updates()
         return history
 
     def make_train_function(self, force=False):
         if thor_optimizer_of(self.optimizer) is None:
             return super().make_train_function(force=force)
-        return own_train_function(self, force, THOR_TRAINING, ThorTrainFunction)
+        return own_train_function(
+            self, force, THOR_TRAINING, thor_train_function
+        )
 
 
 def _functional_arguments(args, kwargs):
@@ -127,7 +134,7 @@ class ThorModel(ThorTrainer, keras.Model):
     `keras_thor.convert_to_thor_model` for a Functional model; a subclass
     whose constructor calls `super().__init__(inputs, outputs)` should
     derive from `ThorFunctional`. Training with THOR needs the TensorFlow
-    backend (`compile` with THOR raises on any other); `evaluate` and
+    or JAX backend (`compile` with THOR raises on torch); `evaluate` and
     `predict` are Keras's own.
     """
 

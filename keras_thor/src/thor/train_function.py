@@ -7,9 +7,11 @@ import keras
 
 from keras_thor.src import keras_internals
 from keras_thor.src.backend.values import numpy_value
+from keras_thor.src.distribute.jax_variant_train_function import (
+    JaxVariantTrainFunction,
+)
 from keras_thor.src.distribute.replicas import batch_value
 from keras_thor.src.distribute.replicas import has_distributed_values
-from keras_thor.src.distribute.replicas import per_replica_rows
 from keras_thor.src.distribute.variant_train_function import (
     VariantTrainFunction,
 )
@@ -22,9 +24,10 @@ STATISTICS = "statistics"
 PLAIN = "plain"
 
 
-class ThorTrainFunction(VariantTrainFunction):
-    """`model.train_function` for THOR: refresh, statistics-only and plain
-    steps, apart.
+class ThorVariants:
+    """THOR's choice of step variants and its host-side watch, for either
+    backend's plumbing (`VariantTrainFunction`, `JaxVariantTrainFunction`):
+    refresh, statistics-only and plain steps, apart.
 
     The variants are `"burn_in"` (statistics into the averages, no update;
     with `burn_in_steps`), `"refresh"` (statistics, then inverses),
@@ -64,8 +67,11 @@ class ThorTrainFunction(VariantTrainFunction):
     def read_step(self):
         thor = self._thor
         self.check_skipped_updates()
-        burned_in = thor.estimator.steps_burned_in() if thor.built else 0
-        return int(numpy_value(thor.iterations)) + int(numpy_value(burned_in))
+        with self.state_values():
+            burned_in = thor.estimator.steps_burned_in() if thor.built else 0
+            return int(numpy_value(thor.iterations)) + int(
+                numpy_value(burned_in)
+            )
 
     def resync(self):
         # The start of a `fit` or the end of its data: a host read is due.
@@ -84,7 +90,8 @@ class ThorTrainFunction(VariantTrainFunction):
         thor = self._thor
         if thor is None:
             return
-        skips = thor.skipped_updates
+        with self.state_values():
+            skips = thor.skipped_updates
         if self._skips_seen is None:
             self._skips_seen = skips
         if skips > self._skips_seen and not self._skips_warned:
@@ -104,24 +111,20 @@ class ThorTrainFunction(VariantTrainFunction):
     def _take_batch(self, data):
         """Hands THOR the per-replica size of `data`, the first batch this
         function trains on (warns once if THOR's batch size differs), and
-        builds the model and optimizer from it if they are not built yet.
-
-        Built here, outside the traced step, the first variant's first
-        trace creates no variables; otherwise TensorFlow traces that
-        variant a second time at its next call (about 0.5 s on the MNIST
-        MLP, more on larger models).
-        """
+        builds the model and optimizer from it if they are not built yet
+        (`build_from`)."""
         self._batch_seen = True
-        data = batch_value(data)
-        rows = per_replica_rows(self.model.distribute_strategy, data)
+        rows = self.batch_rows(data)
         if rows is None:
             return
-        message = self._thor.take_batch_size(rows)
+        with self.state_values():
+            message = self._thor.take_batch_size(rows)
         if message:
             warnings.warn(message, stacklevel=5)
-        if not self._thor.built and not has_distributed_values(data):
-            # Under a strategy Keras's `fit` has built them already.
-            keras_internals.symbolic_build(self.model, data)
+        self.build_from(data)
+
+    def build_from(self, data):
+        """Builds the model and optimizer from the batch `data` if needed."""
 
     def recounts(self):
         return isinstance(
@@ -162,12 +165,14 @@ class ThorTrainFunction(VariantTrainFunction):
         if not self._batch_seen:
             self._take_batch(argument)
         if self._troubles_seen is None:
-            self._troubles_seen = thor.curvature_troubles
+            with self.state_values():
+                self._troubles_seen = thor.curvature_troubles
         logs = function(argument)
         if key != REFRESH:
             return logs
         self.check_skipped_updates()
-        troubles = thor.curvature_troubles - self._troubles_seen
+        with self.state_values():
+            troubles = thor.curvature_troubles - self._troubles_seen
         self._troubles_seen += troubles
         if troubles and not self._warned:
             warnings.warn(
@@ -182,3 +187,31 @@ class ThorTrainFunction(VariantTrainFunction):
             )
             self._warned = True
         return logs
+
+
+class ThorTrainFunction(ThorVariants, VariantTrainFunction):
+    """THOR's `model.train_function` on TensorFlow (`ThorVariants` over
+    `tf.function`s)."""
+
+    def build_from(self, data):
+        """Built here, outside the traced step, the first variant's first
+        trace creates no variables; otherwise TensorFlow traces that
+        variant a second time at its next call (about 0.5 s on the MNIST
+        MLP, more on larger models). Under a strategy Keras's `fit` has
+        built them already."""
+        data = batch_value(data)
+        if not self._thor.built and not has_distributed_values(data):
+            keras_internals.symbolic_build(self.model, data)
+
+
+class ThorJaxTrainFunction(ThorVariants, JaxVariantTrainFunction):
+    """THOR's `model.train_function` on JAX (`ThorVariants` over `jax.jit`s
+    of stateless steps). Keras's JAX `fit` and `train_on_batch` build the
+    model and optimizer before the first step."""
+
+
+def thor_train_function(model):
+    """THOR's train function for the backend Keras runs on."""
+    if keras.backend.backend() == "jax":
+        return ThorJaxTrainFunction(model)
+    return ThorTrainFunction(model)

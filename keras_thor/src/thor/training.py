@@ -1,12 +1,18 @@
-"""THOR's training step and its traced train functions (TensorFlow).
+"""THOR's training step, one code path for TensorFlow and JAX.
 
 MindSpore compiles two graphs for THOR: one that captures the curvature
 statistics and refreshes the inverses, one that only preconditions with the
-stored inverses. Here they are `tf.function`s, chosen in Python before
-each step from the optimizer's step counter, so a step that does not refresh
-never computes a statistic, and no collective sits inside a `tf.cond` (which
-breaks under tf.distribute). With `THOR(statistics_frequency=...)` a third
-one gathers statistics without inverting.
+stored inverses. Here they are variants of one step (`tf.function`s on
+TensorFlow, `jax.jit`s on JAX), chosen in Python before each step from the
+optimizer's step counter, so a step that does not refresh never computes a
+statistic, and no collective sits inside a `tf.cond` (which breaks under
+tf.distribute). With `THOR(statistics_frequency=...)` a third one gathers
+statistics without inverting.
+
+Only the forward and backward pass and the final update are backend code
+(`tape_gradients`, `probe_gradients`); on JAX the step runs inside a
+`keras.StatelessScope` (`jax_train_function`), so its variable writes
+become the step's new state.
 """
 
 import keras
@@ -14,12 +20,11 @@ from keras import ops
 
 from keras_thor.src import keras_internals
 from keras_thor.src.distribute import replicas
-from keras_thor.src.distribute.train_step import apply_gradients
 from keras_thor.src.distribute.train_step import examples as batch_examples
 from keras_thor.src.distribute.train_step import keras_train_step
-from keras_thor.src.distribute.train_step import scaled_training_loss
-from keras_thor.src.distribute.train_step import training_call
 from keras_thor.src.thor import capture
+from keras_thor.src.thor import probe_gradients
+from keras_thor.src.thor import tape_gradients
 from keras_thor.src.thor.directions import Guard
 from keras_thor.src.thor.directions import step_directions
 from keras_thor.src.thor.optimizer import THOR
@@ -36,43 +41,16 @@ def thor_optimizer_of(optimizer):
     return optimizer if isinstance(optimizer, THOR) else None
 
 
-def _gradients(plan, variables, calls, scaled_loss, tape, refresh):
-    """One backward pass: `(grads, output_grads)`.
-
-    `grads[i]` is `variables[i]`'s gradient, `None` for factored-order
-    kernels (the tape never computes it); `output_grads[p]` the gradient at
-    `calls[p]`'s outputs where needed (every call if `refresh`, the
-    factored-order calls otherwise), else `None`.
-    """
-    factored = [
-        p
-        for p, call in enumerate(calls)
-        if plan.variable_index(call.block.kernel) in plan.factored_kernels
-    ]
-    skipped = {id(calls[p].block.kernel) for p in factored}
-    needed = [p for p in range(len(calls)) if refresh or p in factored]
-    plain = [v for v in variables if id(v) not in skipped]
-    gradients = tape.gradient(
-        scaled_loss, plain + [calls[p].outputs for p in needed]
-    )
-    output_grads = [None] * len(calls)
-    for position, grad in zip(needed, gradients[len(plain) :]):
-        output_grads[position] = grad
-    plain_grads = iter(gradients[: len(plain)])
-    grads = [None if id(v) in skipped else next(plain_grads) for v in variables]
-    return grads, output_grads
-
-
 def _sampled_fisher_loss(model, thor, y_pred):
     """The loss at targets drawn from the model's predictive distribution,
     scaled as the training loss is (`sampled_fisher`)."""
-    import tensorflow as tf
-
     kind, from_logits = fisher_loss_kind(model.loss)
-    step = ops.cast(thor.iterations, "int64") + ops.cast(
-        thor.estimator.steps_burned_in(), "int64"
+    # JAX keys take 32-bit words (and JAX has no int64 without x64).
+    dtype = "int32" if keras.backend.backend() == "jax" else "int64"
+    step = ops.cast(thor.iterations, dtype) + ops.cast(
+        thor.estimator.steps_burned_in(), dtype
     )
-    seed = tf.stack([step, ops.cast(replicas.replica_id(), "int64")])
+    seed = ops.stack([step, ops.cast(replicas.replica_id(), dtype)])
     targets = sampled_targets(kind, from_logits, y_pred, seed)
     loss = sampled_loss(kind, from_logits, targets, y_pred)
     return model.optimizer.scale_loss(loss / replicas.replica_count())
@@ -94,26 +72,45 @@ def _guard(thor, loss_scale):
     )
 
 
+def _backend():
+    """The module of the backend's forward and backward pass and update."""
+    if keras.backend.backend() == "jax":
+        return probe_gradients
+    return tape_gradients
+
+
+def _losses(model, thor, x, y, sample_weight, sampled):
+    """`y_pred -> (loss, scaled_loss, fisher_loss)`: the training loss as
+    Keras's `train_step` computes it, scaled for the optimizer, and with
+    `sampled` the sampled Fisher's loss (else `None`)."""
+
+    def losses(y_pred):
+        loss = keras_internals.compute_loss(model, x, y, y_pred, sample_weight)
+        fisher_loss = None
+        if sampled:
+            fisher_loss = _sampled_fisher_loss(model, thor, y_pred)
+        return loss, model.optimizer.scale_loss(loss), fisher_loss
+
+    return losses
+
+
 def train_step(model, data, statistics, invert, update=True):
     """One training step; it gathers curvature statistics if `statistics`
     and then refreshes the inverses if `invert`; it updates the weights if
     `update` (else it is a burn-in step, counted by the estimator).
 
-    As Keras's TensorFlow `train_step`, plus: layers with curvature blocks
-    record their calls, the loss is differentiated with respect to their
-    outputs too (statistics steps, and Dense layers preconditioned in the
-    factored order; with `fisher="sampled"`, a second loss at sampled
-    targets gives the statistics), the estimator makes the step's new
-    curvature state from them, which `THOR.write_state` writes; the
-    direction stage (`directions`) forms the directions the step owns
-    from the new inverses, and `THOR.write_state` writes what it adds (the
-    guard scale; a burn-in step's count) before `apply_gradients`. The
-    logs carry `THOR.training_logs()`. Under a strategy, a
-    `LossScaleOptimizer` sees an overflow on any replica (Keras's looks at
-    replica 0's gradients).
+    As Keras's `train_step`, plus: layers with curvature blocks record
+    their calls, the loss is differentiated with respect to their outputs
+    too (statistics steps, and Dense layers preconditioned in the factored
+    order; with `fisher="sampled"`, a second loss at sampled targets gives
+    the statistics), the estimator makes the step's new curvature state
+    from them, which `THOR.write_state` writes; the direction stage
+    (`directions`) forms the directions the step owns from the new
+    inverses, and `THOR.write_state` writes what it adds (the guard scale;
+    a burn-in step's count) before the update. The logs carry
+    `THOR.training_logs()`. Under a strategy, a `LossScaleOptimizer` sees
+    an overflow on any replica (Keras's looks at replica 0's gradients).
     """
-    import tensorflow as tf
-
     thor = thor_optimizer_of(model.optimizer)
     if thor is None:
         return keras_train_step(model, data)
@@ -130,41 +127,36 @@ def train_step(model, data, statistics, invert, update=True):
     if not statistics:
         recorded = {i: recorded[i] for i in plan.factored_kernels}
     sampled = statistics and plan.fisher == "sampled"
+    backend = _backend()
     writes = StateWrites()
     with capture.thor_training_step():
-        with tf.GradientTape(persistent=sampled) as tape:
-            with capture.capture_calls(recorded.values()) as calls:
-                y_pred = training_call(model, x)
-            scaled_loss = scaled_training_loss(
-                model, x, y, y_pred, sample_weight
-            )
-            if sampled:
-                fisher_loss = _sampled_fisher_loss(model, thor, y_pred)
-        grads, output_grads = _gradients(
+        forward = backend.forward_and_gradients(
+            model,
+            x,
+            _losses(model, thor, x, y, sample_weight, sampled),
+            recorded.values(),
             plan,
-            variables,
-            calls,
-            scaled_loss,
-            tape,
-            statistics and not sampled,
+            statistics,
+            sampled,
         )
-        statistics_grads = output_grads
-        if sampled:
-            statistics_grads = tape.gradient(
-                fisher_loss, [call.outputs for call in calls]
-            )
-            del tape
+        keras_internals.loss_tracker(model).update_state(
+            forward.loss * replicas.replica_count(),
+            sample_weight=batch_examples(x),
+        )
         loss_scale = ops.cast(model.optimizer.scale_loss(1.0), "float32")
         if statistics:
             examples = batch_examples(x) * replicas.replica_count()
             sample_scale = ops.cast(examples, "float32") / loss_scale
             estimator.refresh(
-                estimator.gather(calls, statistics_grads, sample_scale),
+                estimator.gather(
+                    forward.calls, forward.fisher_grads, sample_scale
+                ),
                 thor.current_damping(),
                 invert,
                 writes,
             )
             thor.write_state(writes)
+        grads = forward.grads
         if update:
             # After the refresh: the directions read the new inverses.
             grads, scale = step_directions(
@@ -173,8 +165,8 @@ def train_step(model, data, statistics, invert, update=True):
                 estimator.values_after(writes),
                 variables,
                 grads,
-                calls,
-                output_grads,
+                forward.calls,
+                forward.output_grads,
                 _guard(thor, loss_scale),
             )
             if scale is not None:
@@ -183,6 +175,8 @@ def train_step(model, data, statistics, invert, update=True):
             estimator.record_burn_in(writes)
         thor.write_state(writes)
         if update:
-            apply_gradients(model.optimizer, grads, variables)
-    logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+            backend.apply(model.optimizer, grads, variables)
+    logs = model.compute_metrics(
+        x, y, forward.y_pred, sample_weight=sample_weight
+    )
     return {**logs, **thor.training_logs()}

@@ -1,0 +1,45 @@
+"""THOR under `keras.distribution.DataParallel` on JAX: two host devices
+(a fresh process, `XLA_FLAGS` set before JAX starts) train as one device
+does at the same global batch."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() != "jax",
+    reason="keras.distribution is real on JAX only (Keras 3.15)",
+)
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "data_parallel_script.py")
+
+
+@pytest.mark.parametrize(
+    "thor_args",
+    [{}, {"factor_decay": 0.9, "kl_clip": 0.01, "fisher": "sampled"}],
+    ids=["mindspore_rule", "options"],
+)
+def test_two_devices_train_as_one(thor_args):
+    root = os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT)))
+    environment = {**os.environ, "PYTHONPATH": root}
+    environment.pop("XLA_FLAGS", None)
+    result = subprocess.run(
+        [sys.executable, SCRIPT, json.dumps(thor_args)],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    gaps = json.loads(result.stdout.strip().splitlines()[-1])
+    assert gaps["devices"] == 2
+    # THOR's batch size is the global batch: the step sees the whole of it.
+    assert gaps["batch_size"] == [32, 32]
+    assert gaps["weights"] < 1e-4, gaps
+    assert gaps["state"] < 1e-4, gaps
+    assert gaps["loss"] < 1e-4, gaps
