@@ -2,7 +2,8 @@
 THOR for 50 steps on one device, then under `keras.distribution.
 DataParallel` over two, from the same weights at the same global batch.
 Prints one JSON line: the largest differences of weights, THOR's state and
-the logged losses."""
+the logged losses. With `model_parallel`, prints the error `compile` raises
+under `ModelParallel`."""
 
 import json
 import os
@@ -58,7 +59,27 @@ def _train(distribution, x, y, thor_args):
     return weights, state, history.history["loss"], model.optimizer.batch_size
 
 
+def _model_parallel_refusal():
+    devices = keras.distribution.list_devices()
+    mesh = keras.distribution.DeviceMesh((1, 2), ["batch", "model"], devices)
+    layout_map = keras.distribution.LayoutMap(mesh)
+    layout_map["dense.*kernel"] = (None, "model")
+    keras.distribution.set_distribution(
+        keras.distribution.ModelParallel(
+            layout_map=layout_map, batch_dim_name="batch"
+        )
+    )
+    try:
+        _model()
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 def main():
+    if sys.argv[1] == "model_parallel":
+        print(json.dumps({"error": _model_parallel_refusal()}))
+        return
     thor_args = json.loads(sys.argv[1])
     rng = np.random.default_rng(0)
     x = 3 * rng.normal(size=(BATCH * 5, 12)).astype("float32")

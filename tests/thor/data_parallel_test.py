@@ -18,17 +18,12 @@ pytestmark = pytest.mark.skipif(
 SCRIPT = os.path.join(os.path.dirname(__file__), "data_parallel_script.py")
 
 
-@pytest.mark.parametrize(
-    "thor_args",
-    [{}, {"factor_decay": 0.9, "kl_clip": 0.01, "fisher": "sampled"}],
-    ids=["mindspore_rule", "options"],
-)
-def test_two_devices_train_as_one(thor_args):
+def _run(argument):
     root = os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT)))
     environment = {**os.environ, "PYTHONPATH": root}
     environment.pop("XLA_FLAGS", None)
     result = subprocess.run(
-        [sys.executable, SCRIPT, json.dumps(thor_args)],
+        [sys.executable, SCRIPT, argument],
         capture_output=True,
         text=True,
         env=environment,
@@ -36,10 +31,25 @@ def test_two_devices_train_as_one(thor_args):
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    gaps = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "thor_args",
+    [{}, {"factor_decay": 0.9, "kl_clip": 0.01, "fisher": "sampled"}],
+    ids=["mindspore_rule", "options"],
+)
+def test_two_devices_train_as_one(thor_args):
+    gaps = _run(json.dumps(thor_args))
     assert gaps["devices"] == 2
     # THOR's batch size is the global batch: the step sees the whole of it.
     assert gaps["batch_size"] == [32, 32]
     assert gaps["weights"] < 1e-4, gaps
     assert gaps["state"] < 1e-4, gaps
     assert gaps["loss"] < 1e-4, gaps
+
+
+def test_model_parallel_is_refused_at_compile():
+    error = _run("model_parallel")["error"]
+    assert error is not None
+    assert "DataParallel" in error and "ModelParallel" in error

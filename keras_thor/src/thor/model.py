@@ -18,6 +18,24 @@ THOR_TRAINING = OwnTraining(
 )
 
 
+def check_distribution():
+    """Raises for a `keras.distribution` THOR does not train under (any
+    but `DataParallel`: `ModelParallel` lays THOR's state out on one
+    device of the mesh, which JAX refuses)."""
+    distribution = keras.distribution.distribution()
+    if distribution is None or isinstance(
+        distribution, keras.distribution.DataParallel
+    ):
+        return
+    raise ValueError(
+        "THOR trains under `keras.distribution.DataParallel` only; "
+        f"{type(distribution).__name__} is not supported yet (THOR's "
+        "curvature state has no layout on the device mesh). Use "
+        "`keras.distribution.DataParallel`, or another optimizer. "
+        f"Received: distribution={distribution!r}"
+    )
+
+
 def _resolved(optimizer):
     """The optimizer `compile(optimizer=...)` will train with (a name or
     a config resolved; the instance itself is passed on untouched)."""
@@ -47,6 +65,7 @@ class ThorTrainer(DistributedTrainer):
     def compile(self, optimizer="rmsprop", *args, **kwargs):
         if thor_optimizer_of(_resolved(optimizer)) is not None:
             THOR_TRAINING.check_backend()
+            check_distribution()
         super().compile(optimizer, *args, **kwargs)
 
     def compile_from_config(self, config):
@@ -87,6 +106,7 @@ class ThorTrainer(DistributedTrainer):
     def make_train_function(self, force=False):
         if thor_optimizer_of(self.optimizer) is None:
             return super().make_train_function(force=force)
+        check_distribution()
         return own_train_function(
             self, force, THOR_TRAINING, thor_train_function
         )
