@@ -3,6 +3,8 @@
 import ast
 import pathlib
 
+import pytest
+
 import keras_thor
 
 PACKAGE = pathlib.Path(keras_thor.__file__).parent
@@ -20,8 +22,15 @@ TENSORFLOW_MODULES = {
     "src/distribute/strategies.py",
     "src/distribute/train_step.py",
     "src/distribute/variant_train_function.py",
-    "src/thor/training.py",
+    "src/thor/tape_gradients.py",
 }
+JAX_MODULES = {
+    "src/backend/linalg.py",
+    "src/backend/stateless_random.py",
+    "src/distribute/jax_variant_train_function.py",
+    "src/thor/probe_gradients.py",
+}
+BACKEND_MODULES = {"tensorflow": TENSORFLOW_MODULES, "jax": JAX_MODULES}
 
 
 def _imports_of(node):
@@ -96,7 +105,8 @@ def test_no_private_keras_imports():
             assert not module.startswith("keras.src"), path
 
 
-def test_tensorflow_is_imported_lazily_and_only_in_backend_modules():
+@pytest.mark.parametrize("backend", sorted(BACKEND_MODULES))
+def test_backends_are_imported_lazily_and_only_in_backend_modules(backend):
     for path in _modules():
         relative = path.relative_to(PACKAGE).as_posix()
         tree = ast.parse(path.read_text())
@@ -105,10 +115,10 @@ def test_tensorflow_is_imported_lazily_and_only_in_backend_modules():
             for node in tree.body
             for imported, module in _imports_of(node)
         ]
-        assert "tensorflow" not in top_level, relative
-        uses = [m for _, m in _imports(path) if m.split(".")[0] == "tensorflow"]
+        assert backend not in top_level, relative
+        uses = [m for _, m in _imports(path) if m.split(".")[0] == backend]
         if uses:
-            assert relative in TENSORFLOW_MODULES, relative
+            assert relative in BACKEND_MODULES[backend], relative
 
 
 def test_docstring_templates_are_filled():

@@ -18,8 +18,6 @@ from tests.thor import reference
 from tests.thor.thor_reference_test import ENCODER
 from tests.thor.thor_reference_test import MLP
 
-pytestmark = pytest.mark.tf_only
-
 CE = reference.LOSSES[1]
 SMALL_CNN = [
     {
@@ -331,19 +329,23 @@ def test_conv_statistics_rows_cut_only_the_convolutions():
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
-def _tf_draws(kind, output_width):
+def _backend_draws(kind, output_width):
     """The sampled Fisher's draws for step `t` on one device: seed
-    `(t, 0)`, as `keras_thor.src.thor.sampled_fisher` documents."""
-    import tensorflow as tf
+    `(t, 0)`, with the backend's own generator, as
+    `keras_thor.src.thor.sampled_fisher` documents."""
+    from keras_thor.src.backend import stateless_random
+
+    dtype = "int32" if keras.backend.backend() == "jax" else "int64"
 
     def draw(step, predictions):
-        seed = tf.constant([step, 0], "int64")
+        seed = keras.ops.convert_to_tensor([step, 0], dtype)
         if kind == "mse":
-            noise = tf.random.stateless_normal(predictions.shape, seed)
-            return predictions + np.sqrt(output_width / 2.0) * noise.numpy()
-        logits = tf.constant(predictions, "float32")
-        drawn = tf.random.stateless_categorical(logits, 1, seed, dtype="int32")
-        return drawn.numpy()[:, 0]
+            noise = stateless_random.normal(predictions.shape, seed)
+            noise = keras.ops.convert_to_numpy(noise)
+            return predictions + np.sqrt(output_width / 2.0) * noise
+        logits = keras.ops.convert_to_tensor(predictions, "float32")
+        drawn = stateless_random.categorical(logits, seed)
+        return keras.ops.convert_to_numpy(drawn)
 
     return draw
 
@@ -356,7 +358,9 @@ def test_sampled_fisher_follows_the_reference_with_the_same_draws():
         epochs=1,
         frequency=2,
         fisher="sampled",
-        reference_hyper={"fisher_targets": _tf_draws("ce", MLP[-1]["units"])},
+        reference_hyper={
+            "fisher_targets": _backend_draws("ce", MLP[-1]["units"])
+        },
         compile_options=EAGER,
         **HYPER,
     )
@@ -387,7 +391,7 @@ def test_every_option_together_follows_the_reference():
         fisher="sampled",
         kl_clip=1e-4,
         weight_decay=1e-3,
-        reference_hyper={"fisher_targets": _tf_draws("mse", 5)},
+        reference_hyper={"fisher_targets": _backend_draws("mse", 5)},
         compile_options={"steps_per_execution": 3},
         **HYPER,
     )

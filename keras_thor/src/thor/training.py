@@ -79,7 +79,7 @@ def _backend():
     return tape_gradients
 
 
-def _losses(model, thor, x, y, sample_weight, sampled):
+def _loss_function(model, thor, x, y, sample_weight, sampled):
     """`y_pred -> (loss, scaled_loss, fisher_loss)`: the training loss as
     Keras's `train_step` computes it, scaled for the optimizer, and with
     `sampled` the sampled Fisher's loss (else `None`)."""
@@ -133,7 +133,7 @@ def train_step(model, data, statistics, invert, update=True):
         forward = backend.forward_and_gradients(
             model,
             x,
-            _losses(model, thor, x, y, sample_weight, sampled),
+            _loss_function(model, thor, x, y, sample_weight, sampled),
             recorded.values(),
             plan,
             statistics,
