@@ -68,8 +68,17 @@ class JaxVariantTrainFunction(VariantHooks):
             state_mapping=list(zip(variables, self._state[2]))
         ) as scope:
             yield
-        trainable, non_trainable, _, metrics = self._state
-        values = [scope.get_current_value(v) for v in variables]
+        import jax
+
+        trainable, non_trainable, values, metrics = self._state
+        values = [
+            value
+            if scope.get_current_value(v) is value
+            # Assigned: laid out as the value it replaces (replicated
+            # under `keras.distribution`).
+            else jax.device_put(scope.get_current_value(v), value.sharding)
+            for v, value in zip(variables, values)
+        ]
         self._state = (trainable, non_trainable, values, metrics)
 
     def batch_rows(self, data):
