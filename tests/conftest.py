@@ -37,10 +37,14 @@ elif keras.backend.backend() == "jax":
 
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs the TensorFlow backend")
+    no_thor = pytest.mark.skip(reason="THOR trains on TensorFlow and JAX")
     for item in items:
         if "tf_only" in item.keywords or "multi_device" in item.keywords:
             if keras.backend.backend() != "tensorflow":
                 item.add_marker(skip)
+        if "thor_training" in item.keywords:
+            if keras.backend.backend() not in ("tensorflow", "jax"):
+                item.add_marker(no_thor)
 
 
 # Only TensorFlow compiles per-variable updates (keras_thor.src.backend).

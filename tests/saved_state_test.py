@@ -21,14 +21,17 @@ import pytest
 import keras_thor
 from tests.fixtures import generate_saved_states as saved
 
-# THOR and the optimizers are written for TensorFlow and JAX alike: the
+# ASGD and SAG run on every backend, THOR trains on TensorFlow and JAX: the
 # files TensorFlow wrote resume on JAX along the same trajectory. Boost
 # trains on TensorFlow only.
-EVERY_BACKEND = {"asgd", "sag", "thor_default", "thor_all_options"}
+MARKS = {
+    "asgd": (),
+    "sag": (),
+    "thor_default": pytest.mark.thor_training,
+    "thor_all_options": pytest.mark.thor_training,
+}
 CASE_NAMES = [
-    pytest.param(
-        name, marks=() if name in EVERY_BACKEND else pytest.mark.tf_only
-    )
+    pytest.param(name, marks=MARKS.get(name, pytest.mark.tf_only))
     for name in sorted(saved.CASES)
 ]
 

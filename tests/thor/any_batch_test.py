@@ -13,6 +13,8 @@ import pytest
 import keras_thor
 from tests import helpers
 
+pytestmark = pytest.mark.thor_training
+
 # On JAX (each batch shape compiles each step variant: costly on 2 cores)
 # the factored order on partial last batches and the MNIST MLP run.
 ON_TENSORFLOW = pytest.mark.tf_only

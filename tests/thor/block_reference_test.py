@@ -15,6 +15,8 @@ import pytest
 import keras_thor
 from tests.thor import block_reference as ref
 
+pytestmark = pytest.mark.thor_training
+
 N = 6
 LEARNING_RATE = 0.1
 DAMPING = 0.01

@@ -46,6 +46,7 @@ def test_burn_in_steps_are_checked_and_kept_in_the_config():
     assert THOR(0.1, 0.1, 0.9).burn_in_steps == 0
 
 
+@pytest.mark.thor_training
 def test_burn_in_follows_the_reference_and_leaves_the_weights_alone():
     recorder, expected, optimizer, model = _fit_and_reference(
         "mlp",
@@ -130,6 +131,7 @@ def _assert_equals_uninterrupted(model, uninterrupted):
     )
 
 
+@pytest.mark.thor_training
 def test_keras_file_saved_during_burn_in_resumes_as_uninterrupted(
     tmp_path, uninterrupted
 ):
@@ -153,6 +155,7 @@ def test_keras_file_saved_during_burn_in_resumes_as_uninterrupted(
     _assert_equals_uninterrupted(loaded, uninterrupted)
 
 
+@pytest.mark.thor_training
 def test_backup_and_restore_during_burn_in_resumes_as_uninterrupted(
     tmp_path, uninterrupted
 ):

@@ -13,6 +13,8 @@ import keras_thor
 from keras_thor.optimizers import THOR
 from tests import helpers
 
+pytestmark = pytest.mark.thor_training
+
 SAMPLES, BATCH = 40, 16  # a partial last batch of 8
 
 

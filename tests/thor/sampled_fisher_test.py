@@ -10,6 +10,8 @@ import keras_thor
 from keras_thor.optimizers import THOR
 from tests import helpers
 
+pytestmark = pytest.mark.thor_training
+
 
 @pytest.mark.parametrize(
     "loss",

@@ -18,6 +18,8 @@ from tests.thor import reference
 from tests.thor.thor_reference_test import ENCODER
 from tests.thor.thor_reference_test import MLP
 
+pytestmark = pytest.mark.thor_training
+
 CE = reference.LOSSES[1]
 SMALL_CNN = [
     {

@@ -7,6 +7,8 @@ import keras_thor
 from tests.thor import keras_models
 from tests.thor import reference
 
+pytestmark = pytest.mark.thor_training
+
 MLP = [
     {"type": "dense", "units": 7, "activation": "relu"},
     {"type": "dense", "units": 5, "activation": "linear"},

@@ -9,6 +9,8 @@ import pytest
 import keras_thor
 from tests import helpers
 
+pytestmark = pytest.mark.thor_training
+
 STEPS_PER_EPOCH = 6
 
 
