@@ -43,6 +43,7 @@ from tasks import skipped_share  # noqa: E402
 
 import keras_thor  # noqa: E402
 from keras_thor.src.thor import capture  # noqa: E402
+from keras_thor.src.thor import training  # noqa: E402
 from keras_thor.src.thor.blocks import ConvKronecker  # noqa: E402
 from keras_thor.src.thor.preconditioning import plain_direction  # noqa: E402
 from keras_thor.src.thor.state_writes import StateWrites  # noqa: E402
@@ -148,53 +149,74 @@ def _median_step(timer, keep):
 
 
 def _time(fn, *args, repeats=30):
-    fn(*args)
+    """Mean seconds of `fn(*args)`, each call waited for (its result read
+    back) before the next."""
+    keras.tree.map_structure(keras.ops.convert_to_numpy, fn(*args))
     start = time.perf_counter()
     for _ in range(repeats):
-        result = fn(*args)
-    keras.tree.map_structure(
-        lambda t: t.numpy() if hasattr(t, "numpy") else t, result
-    )
+        keras.tree.map_structure(keras.ops.convert_to_numpy, fn(*args))
     return (time.perf_counter() - start) / repeats
+
+
+def _compiled(fn):
+    """`fn` traced once: a `tf.function` on TensorFlow; on JAX a `jax.jit`
+    in a `keras.StatelessScope` (the variables enter as constants, and what
+    `fn` assigns stays in the scope)."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn)
+    import jax
+
+    def stateless(*args):
+        with keras.StatelessScope():
+            return fn(*args)
+
+    return jax.jit(stateless)
 
 
 def refresh_pieces(model, x, y):
     """Seconds of capture, inversion and preconditioning, each alone, as
-    `tf.function`s (TensorFlow only, the backend THOR trains on: NaN
-    elsewhere)."""
-    if keras.backend.backend() != "tensorflow":
-        return (float("nan"),) * 3
-    import tensorflow as tf
+    compiled functions (`_compiled`) over the backend's own forward and
+    backward pass (`training._backend()`, as THOR's step takes it).
 
+    On JAX the inversion is not timed alone (NaN): run as a program of its
+    own, the CNN's inversions hang jaxlib 0.10.2 on 2 cores (two batched
+    LAPACK calls, each waiting in `ParallelBatchMap` for the 2-thread
+    intra-op pool both occupy); `benchmark` prints the refresh step less
+    the non-refresh step and the capture instead."""
     thor = model.optimizer
-    variables = model.trainable_weights
+    plan = thor.step_plan
+    backend = training._backend()
+    blocks = list(thor.estimator.recorded_blocks().values())
 
-    @tf.function
+    def forward(x, y, recorded):
+        def losses(y_pred):
+            loss = LOSS(y, y_pred)
+            return loss, loss, None
+
+        with capture.thor_training_step():
+            return backend.forward_and_gradients(
+                model, x, losses, recorded, plan, bool(recorded), False
+            )
+
+    @_compiled
     def backward(x, y):
-        with tf.GradientTape() as tape:
-            loss = LOSS(y, model(x, training=True))
-        return tape.gradient(loss, variables)
+        return forward(x, y, []).grads
 
-    blocks = thor.estimator.recorded_blocks().values()
-
-    @tf.function
+    @_compiled
     def backward_and_statistics(x, y):
-        with tf.GradientTape() as tape:
-            with capture.capture_calls(blocks) as recording:
-                loss = LOSS(y, model(x, training=True))
-        calls = recording.calls
-        outputs = [call.outputs for call in calls]
-        grads = tape.gradient(loss, variables + outputs)
-        scale = tf.cast(tf.shape(x)[0], "float32")
+        result = forward(x, y, blocks)
+        scale = keras.ops.cast(keras.ops.shape(x)[0], "float32")
         statistics = thor.estimator.gather(
-            calls, grads[len(variables) :], scale
+            result.calls, result.output_grads, scale
         )
-        return grads[: len(variables)], statistics
+        return [g for g in result.grads if g is not None], statistics
 
     _, statistics = backward_and_statistics(x, y)
     kernels = sorted(statistics)
 
-    @tf.function
+    @_compiled
     def invert(statistics):
         damping = thor.current_damping()
         estimator, writes = thor.estimator, StateWrites()
@@ -207,9 +229,9 @@ def refresh_pieces(model, x, y):
 
     grads = backward(x, y)
 
-    joint = thor.step_plan.joint_biases
+    joint = plan.joint_biases
 
-    @tf.function
+    @_compiled
     def precondition(grads):
         damping = thor.current_damping()
         return [
@@ -229,11 +251,10 @@ def refresh_pieces(model, x, y):
 
     plain = _time(backward, x, y)
     captured = _time(backward_and_statistics, x, y)
-    return (
-        captured - plain,
-        _time(invert, statistics),
-        _time(precondition, grads),
-    )
+    inverse = float("nan")
+    if keras.backend.backend() == "tensorflow":
+        inverse = _time(invert, statistics)
+    return captured - plain, inverse, _time(precondition, grads)
 
 
 def _state_bytes(optimizer):
@@ -241,6 +262,14 @@ def _state_bytes(optimizer):
         int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
         for v in optimizer.variables
     )
+
+
+def _inverse(alone, remainder):
+    """The inversion's milliseconds: timed alone, else (JAX, `~`) the
+    refresh step less the non-refresh step and the capture."""
+    if np.isnan(alone):
+        return f"~{1e3 * remainder:.2f}"
+    return f"{1e3 * alone:.2f}"
 
 
 def benchmark(model_name, rounds):
@@ -299,7 +328,8 @@ def benchmark(model_name, rounds):
         f"{plain / sgd:.3f}x SGD; flop floor {floor:.3f}x; "
         f"{plain / sgd / floor:.3f}x the floor (target <= 1.25)\n"
         f"  THOR refresh step        {1e3 * refresh:7.2f} ms  "
-        f"(capture {1e3 * capture_s:.2f}, inverse {1e3 * inverse_s:.2f}, "
+        f"(capture {1e3 * capture_s:.2f}, "
+        f"inverse {_inverse(inverse_s, refresh - plain - capture_s)}, "
         f"precondition {1e3 * precondition_s:.2f} ms, each alone)\n"
         f"  THOR mean step, f=100    {1e3 * mean_f100:7.2f} ms  "
         f"{mean_f100 / mean_plain:.3f}x the mean non-refresh step "
@@ -372,8 +402,8 @@ def options_report(model_name, rounds, only=None):
     print(
         f"  {'option':<26}{'refresh':>9}{'plain':>8}{'capture':>9}"
         f"{'inverse':>9}{'precond.':>9}{'skipped':>9}  "
-        "(ms; split: each piece alone; skipped: the share of block "
-        "inversions the trace rule skipped)"
+        "(ms; split: each piece alone, ~: refresh - plain - capture; "
+        "skipped: the share of block inversions the trace rule skipped)"
     )
     for name, model in runs.items():
         timer = timers[name]
@@ -389,7 +419,8 @@ def options_report(model_name, rounds, only=None):
         )
         print(
             f"  {name:<26}{1e3 * refresh:9.2f}{1e3 * plain:8.2f}"
-            f"{1e3 * capture_s:9.2f}{1e3 * inverse_s:9.2f}"
+            f"{1e3 * capture_s:9.2f}"
+            f"{_inverse(inverse_s, refresh - plain - capture_s):>9}"
             f"{1e3 * precondition_s:9.2f}{skipped}"
         )
 

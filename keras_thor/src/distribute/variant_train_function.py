@@ -1,6 +1,7 @@
 """One `model.train_function` for training steps of a few kinds (variants),
 each traced on its own and chosen in Python before each step."""
 
+import abc
 import collections
 import contextlib
 import functools
@@ -20,7 +21,7 @@ _Variant = collections.namedtuple(
 )
 
 
-class VariantHooks:
+class VariantHooks(abc.ABC):
     """What a train function of step variants asks its subclass (the
     hooks), whatever the backend's plumbing.
 
@@ -34,17 +35,17 @@ class VariantHooks:
         self._variants = {}
         self._step = None
 
+    @abc.abstractmethod
     def read_step(self):
         """The optimizer's count of the steps run so far."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def variant_at(self, step):
         """The key of the variant step `step` (0-based) runs."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def variant_step(self, key):
         """The per-replica step `data -> logs` of variant `key`, untraced."""
-        raise NotImplementedError
 
     def fuses(self, key):
         """Whether consecutive steps of variant `key` run as one loop."""
@@ -66,7 +67,9 @@ class VariantHooks:
         return float("inf")
 
     def check_covers(self, steps):
-        """Raises a `ValueError` if the first `steps` steps cannot run."""
+        """Raises a `ValueError` if the first `steps` steps cannot run
+        (by default every step can)."""
+        return None
 
     def call_variant(self, key, function, argument):
         """Runs one step of variant `key`, `function(argument)` (a batch, a
