@@ -35,7 +35,10 @@ class BoostAlgorithm:
         refuses: The arguments it does not run beside; `refusal`, why.
         runs_alone: Whether `AutoBoost` turns the level's others off.
         needs_boost_model: Whether steps differ (a boost model runs them).
-        applies_updates: Whether `apply` replaces the plain inner step.
+        applies_updates: Whether the subclass's
+            `apply(optimizer, grads, variables, update, probe_gradients)`
+            replaces the plain inner step (only such subclasses define
+            `apply`; the base has none).
         steps_on_local_gradients: Whether the inner optimizer steps on
             each replica's own gradients.
         without_global_loss_scale: Whether Keras's `mixed_float16` loss
@@ -113,10 +116,6 @@ class BoostAlgorithm:
         """Variables whose gradients the step hands to `apply` as
         `probe_gradients` (their own order)."""
         return []
-
-    def apply(self, optimizer, grads, variables, update, probe_gradients):
-        """Applies one step's gradients (with `applies_updates`)."""
-        raise NotImplementedError
 
     def training_logs(self):
         """What the algorithm is doing, for the step's logs."""
