@@ -33,6 +33,97 @@ def mlp(features=6, outputs=3, hidden=8, seed=0):
     )
 
 
+def vector_jacobian(function, values, cotangent=None):
+    """The gradients, in the list of arrays `values`, of `function(values)`
+    weighted by `cotangent` (of the scalar itself when `None`), computed by
+    the test's backend; NumPy arrays."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        output, pull_back = jax.vjp(
+            function, [jax.numpy.asarray(v) for v in values]
+        )
+        seed = jax.numpy.ones_like(output) if cotangent is None else cotangent
+        (gradients,) = pull_back(jax.numpy.asarray(seed, output.dtype))
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        values = [tf.convert_to_tensor(v) for v in values]
+        with tf.GradientTape() as tape:
+            tape.watch(values)
+            output = function(values)
+        gradients = tape.gradient(output, values, output_gradients=cotangent)
+    else:
+        import torch
+
+        values = [
+            keras.ops.convert_to_tensor(v).detach().clone().requires_grad_()
+            for v in values
+        ]
+        output = function(values)
+        seed = torch.ones_like(output) if cotangent is None else cotangent
+        gradients = torch.autograd.grad(
+            output,
+            values,
+            torch.as_tensor(np.asarray(seed), dtype=output.dtype),
+        )
+    return [numpy_value(g) for g in gradients]
+
+
+def per_example_gradients(model, loss, x, y):
+    """`{variable.path: S}`, `S` of shape `(examples, size)` in float64:
+    row `n` is the gradient of example `n`'s `loss(y, model(x))` (`loss`
+    without reduction), by one backward pass per example."""
+    trainable = model.trainable_variables
+    non_trainable = [v.value for v in model.non_trainable_variables]
+    rows = []
+    for n in range(len(x)):
+
+        def example_loss(values, n=n):
+            outputs, _ = model.stateless_call(
+                values, non_trainable, x[n : n + 1]
+            )
+            return keras.ops.sum(loss(y[n : n + 1], outputs))
+
+        rows.append(vector_jacobian(example_loss, [v.value for v in trainable]))
+    return {
+        v.path: np.stack([r[i].reshape(-1) for r in rows]).astype(np.float64)
+        for i, v in enumerate(trainable)
+    }
+
+
+class RunTimeSteps:
+    """The steps at which compiled training code ran a line, recorded on
+    the host each time it runs (not when it is traced): `record(step)`
+    inside the step, then `steps()` after it."""
+
+    def __init__(self):
+        self._steps = []
+
+    def record(self, step):
+        step = keras.ops.convert_to_tensor(step)
+        if keras.backend.backend() == "jax":
+            import jax
+
+            jax.debug.callback(self._append, step)
+        else:
+            import tensorflow as tf
+
+            tf.numpy_function(self._append, [step], Tout=[])
+
+    def _append(self, step):
+        self._steps.append(int(step))
+        return []
+
+    def steps(self):
+        if keras.backend.backend() == "jax":
+            import jax
+
+            jax.effects_barrier()
+        return list(self._steps)
+
+
 def weights_of(model):
     return [numpy_value(w) for w in model.weights]
 

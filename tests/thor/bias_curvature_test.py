@@ -1,8 +1,8 @@
 """`THOR(precondition_biases=...)`: biases as K-FAC's homogeneous coordinate.
 
 Reference (NumPy, from the documented rule): with `S` the per-example
-gradients of the bias (here from `tf.GradientTape.jacobian` of the
-per-example losses, not from keras_thor's output-gradient rows),
+gradients of the bias (here from the backend's own gradient of each
+example's loss, not from keras_thor's output-gradient rows),
 `G_b = SᵀS / N`, `g = mean(S)` and the bias step
 `d_b = g · (G_b + √λ·I)⁻¹ / (1 + √λ)`.
 """
@@ -16,11 +16,15 @@ import pytest
 import keras_thor
 from keras_thor.optimizers import THOR
 from keras_thor.src.thor.blocks import BiasKronecker
+from tests import helpers
 
-# Training through THOR needs its TensorFlow training step; the statistics
+# Compiling THOR needs a backend it trains on; the statistics, the coverage
 # and the argument check run on every backend.
-tf_only = pytest.mark.tf_only
+thor_training = pytest.mark.thor_training
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+PER_EXAMPLE = keras.losses.SparseCategoricalCrossentropy(
+    from_logits=True, reduction=None
+)
 EXAMPLES, POSITIONS, FEATURES = 6, 5, 3
 
 
@@ -41,19 +45,6 @@ def _data():
     return x, np.array([0, 1, 2, 0, 1, 2])
 
 
-def _per_example_gradients(model, variable, x, y):
-    """`S`: row `n` is the gradient of example `n`'s loss."""
-    import tensorflow as tf
-
-    per_example = keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction=None
-    )
-    with tf.GradientTape() as tape:
-        losses = per_example(y, model(x))
-    jacobian = tape.jacobian(losses, variable.value)
-    return np.reshape(jacobian.numpy(), (len(x), -1)).astype(np.float64)
-
-
 def _reference_bias_step(per_example, damping):
     """`g · (G_b + √λ·I)⁻¹ / (1 + √λ)` and `g`."""
     gradient = per_example.mean(axis=0)
@@ -70,10 +61,7 @@ def _one_step(model, **options):
     )
     x, y = _data()
     before = {v.path: v.numpy().astype(np.float64) for v in model.weights}
-    gradients = {
-        v.path: _per_example_gradients(model, v, x, y)
-        for v in model.trainable_variables
-    }
+    gradients = helpers.per_example_gradients(model, PER_EXAMPLE, x, y)
     history = model.fit(x, y, batch_size=EXAMPLES, shuffle=False, verbose=0)
     steps = {
         v.path: (v.numpy().astype(np.float64) - before[v.path]).reshape(-1)
@@ -82,7 +70,7 @@ def _one_step(model, **options):
     return steps, gradients, history
 
 
-@tf_only
+@thor_training
 @pytest.mark.parametrize("rule", ["shared", "all"])
 def test_one_step_of_the_biases_matches_numpy(rule):
     steps, gradients, _ = _one_step(_sequence_model(), precondition_biases=rule)
@@ -110,7 +98,7 @@ def _convolution_model():
     return keras_thor.convert_to_thor_model(keras.Model(inputs, outputs))
 
 
-@tf_only
+@thor_training
 def test_one_step_of_convolution_biases_matches_numpy():
     model = _convolution_model()
     model.compile(
@@ -125,9 +113,9 @@ def test_one_step_of_convolution_biases_matches_numpy():
     biases = [v for v in model.trainable_variables if v.path.endswith("bias")]
     assert len(biases) == 4
     before = [v.numpy().astype(np.float64) for v in biases]
+    gradients = helpers.per_example_gradients(model, PER_EXAMPLE, x, y)
     expected = [
-        _reference_bias_step(_per_example_gradients(model, v, x, y), 0.05)[0]
-        for v in biases
+        _reference_bias_step(gradients[v.path], 0.05)[0] for v in biases
     ]
     model.fit(x, y, batch_size=EXAMPLES, shuffle=False, verbose=0)
     for variable, start, step in zip(biases, before, expected):
@@ -140,7 +128,7 @@ def test_one_step_of_convolution_biases_matches_numpy():
         )
 
 
-@tf_only
+@thor_training
 def test_without_the_option_biases_take_the_plain_gradient():
     steps, gradients, _ = _one_step(_sequence_model())
     for path in ("sequence/bias", "logits/bias"):
@@ -150,7 +138,7 @@ def test_without_the_option_biases_take_the_plain_gradient():
         )
 
 
-@tf_only
+@thor_training
 @pytest.mark.parametrize("rule", [None, "all"])
 def test_guard_counts_exactly_the_preconditioned_variables(rule):
     # First step: Δw = −lr·ν·d for guarded variables, so with
@@ -226,7 +214,7 @@ def _mixed_model():
     return keras_thor.convert_to_thor_model(keras.Model(inputs, outputs))
 
 
-@tf_only
+@thor_training
 def test_shared_rule_selects_the_biases_added_at_several_positions():
     shared = [
         "attention/attention_output/bias",
@@ -242,7 +230,7 @@ def test_shared_rule_selects_the_biases_added_at_several_positions():
     assert _bias_blocks(_mixed_model(), None) == []
 
 
-@tf_only
+@thor_training
 def test_mixed_model_trains_with_preconditioned_biases():
     model = _mixed_model()
     model.compile(
@@ -259,7 +247,6 @@ def test_mixed_model_trains_with_preconditioned_biases():
     assert all(np.isfinite(w).all() for w in model.get_weights())
 
 
-@tf_only
 def test_coverage_counts_biases_as_first_order():
     coverage = keras_thor.curvature_coverage(_mixed_model())
     rows = {row.name: row for row in coverage.layers}

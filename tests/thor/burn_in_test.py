@@ -19,8 +19,6 @@ from tests.thor.thor_options_reference_test import _fit_and_reference
 from tests.thor.thor_options_training_test import _data
 from tests.thor.thor_options_training_test import _mlp
 
-tf_only = pytest.mark.tf_only
-
 
 def test_schedule_burns_in_first_and_counts_updates_after():
     schedule = RefreshSchedule(4, 2, burn_in_steps=3)
@@ -169,7 +167,7 @@ def test_backup_and_restore_during_burn_in_resumes_as_uninterrupted(
     _assert_equals_uninterrupted(resumed, uninterrupted)
 
 
-@tf_only
+@pytest.mark.thor_training
 def test_fused_burn_in_and_statistics_steps_follow_the_reference():
     """Steps of one kind run as one loop: burn-in 0-2 then statistics."""
     recorder, expected, _, _ = _fit_and_reference(

@@ -17,8 +17,6 @@ import pytest
 
 import keras_thor
 
-pytestmark = pytest.mark.tf_only
-
 
 @keras.saving.register_keras_serializable(package="coverage_test")
 class MyDense(keras.layers.Dense):

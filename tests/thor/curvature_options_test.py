@@ -2,10 +2,9 @@
 sampled Fisher's targets, and the argument checks.
 
 The factor averaging, the block inverses, the guard scale, the loss kinds
-and the argument checks run on every backend; the sampled targets use
-TensorFlow's stateless random ops, as THOR's TensorFlow training step, and
-so does the fallback of a failed factorization (JAX and torch raise on it
-in eager mode).
+and the argument checks run on every backend; the sampled targets (seeded
+stateless draws) and the fallback of a failed factorization run where THOR
+trains (torch raises on a failed factorization in eager mode).
 """
 
 import math
@@ -21,8 +20,9 @@ from keras_thor.src.thor import factor_averaging
 from keras_thor.src.thor import factor_inverses
 from keras_thor.src.thor import kl_guard
 from keras_thor.src.thor import sampled_fisher
+from tests import helpers
 
-tf_only = pytest.mark.tf_only
+thor_training = pytest.mark.thor_training
 
 
 @pytest.fixture(autouse=True)
@@ -92,7 +92,7 @@ def test_damped_inverse_of_blocks_is_numpy_inverse():
     np.testing.assert_allclose(_np(inverse), expected, rtol=2e-4, atol=1e-5)
 
 
-@tf_only
+@thor_training
 def test_damped_inverse_of_blocks_falls_back_on_a_non_definite_block():
     # One block not positive definite: every block is inverted with the
     # mean diagonal of all the blocks added to the damping.
@@ -141,7 +141,7 @@ def test_block_factor_inverses_of_a_diagonal_input_factor():
     np.testing.assert_allclose(_np(g_inverse), expected, rtol=2e-4)
 
 
-@tf_only
+@thor_training
 def test_block_factor_inverses_fall_back_and_report_trouble():
     spd = _spd(np.random.default_rng(5), 1, 3)
     nearly = np.diag([1.0, -1e-3, 2.0]).astype("float32")[None]
@@ -159,7 +159,7 @@ def test_block_factor_inverses_fall_back_and_report_trouble():
     )
 
 
-@tf_only
+@thor_training
 @pytest.mark.parametrize(
     "broken", ["a_nan", "g_inf", "diagonal_a_nan", "hopeless"]
 )
@@ -310,24 +310,24 @@ def _case(kind, from_logits):
 
 
 def _per_example_gradients(kind, from_logits, predictions, seed):
-    import tensorflow as tf
-
     loss_kind = KINDS[kind]
-    y_pred = tf.constant(np.tile(predictions, (EXAMPLES, 1)), "float32")
-    targets = sampled_fisher.sampled_targets(
-        loss_kind, from_logits, y_pred, tf.constant(seed, "int64")
+    y_pred = ops.convert_to_tensor(
+        np.tile(predictions, (EXAMPLES, 1)), "float32"
     )
-    with tf.GradientTape() as tape:
-        tape.watch(y_pred)
-        loss = sampled_fisher.sampled_loss(
-            loss_kind, from_logits, targets, y_pred
-        )
+    targets = sampled_fisher.sampled_targets(
+        loss_kind, from_logits, y_pred, ops.convert_to_tensor(seed, "int64")
+    )
+    (gradients,) = helpers.vector_jacobian(
+        lambda values: sampled_fisher.sampled_loss(
+            loss_kind, from_logits, targets, values[0]
+        ),
+        [y_pred],
+    )
     # The loss is the mean over examples: `N ·` its gradient is per example.
-    gradients = tape.gradient(loss, y_pred).numpy().astype("float64")
-    return targets, gradients * y_pred.shape[0]
+    return targets, gradients.astype("float64") * y_pred.shape[0]
 
 
-@tf_only
+@thor_training
 @pytest.mark.parametrize(
     "kind, from_logits",
     [
@@ -360,17 +360,15 @@ def test_sampled_gradients_have_the_gauss_newton_matrix_as_second_moment(
         )
 
 
-@tf_only
+@thor_training
 @pytest.mark.parametrize("kind", ["sparse", "categorical", "binary", "squared"])
 def test_sampled_targets_are_deterministic_in_the_seed(kind):
-    import tensorflow as tf
-
     predictions, _ = _case(kind, True)
-    y_pred = tf.constant(np.tile(predictions, (50, 1)), "float32")
+    y_pred = ops.convert_to_tensor(np.tile(predictions, (50, 1)), "float32")
     draw = [
         np.asarray(
             sampled_fisher.sampled_targets(
-                KINDS[kind], True, y_pred, tf.constant(seed, "int64")
+                KINDS[kind], True, y_pred, ops.convert_to_tensor(seed, "int64")
             )
         )
         for seed in ([5, 0], [5, 0], [5, 1], [6, 0])
@@ -385,17 +383,16 @@ def test_sampled_targets_are_deterministic_in_the_seed(kind):
 
 
 def _finite_rows_of_gradient(kind, from_logits, targets, y_pred):
-    import tensorflow as tf
+    (gradients,) = helpers.vector_jacobian(
+        lambda values: sampled_fisher.sampled_loss(
+            KINDS[kind], from_logits, targets, values[0]
+        ),
+        [y_pred],
+    )
+    return np.isfinite(gradients).all(axis=-1)
 
-    with tf.GradientTape() as tape:
-        tape.watch(y_pred)
-        loss = sampled_fisher.sampled_loss(
-            KINDS[kind], from_logits, targets, y_pred
-        )
-    return np.isfinite(tape.gradient(loss, y_pred).numpy()).all(axis=-1)
 
-
-@tf_only
+@thor_training
 @pytest.mark.parametrize("kind", ["sparse", "categorical", "binary", "squared"])
 @pytest.mark.parametrize("from_logits", [True, False])
 def test_sampled_targets_of_non_finite_predictions_are_valid(kind, from_logits):
@@ -403,16 +400,14 @@ def test_sampled_targets_of_non_finite_predictions_are_valid(kind, from_logits):
     `[0, classes)`), and the sampled loss's gradient is non-finite in the
     rows where the loss at the data's labels has one: the statistics count
     a trouble as the empirical Fisher's do."""
-    import tensorflow as tf
-
     nan, inf = np.nan, np.inf
     bad = [[nan] * 4, [nan, 0, 1, 2], [inf, 0, 1, 2], [inf, -inf, 1, 2]]
     bad += [[-inf] * 4, [inf] * 4]
     good, _ = _case(kind, from_logits)
     rows = np.concatenate([np.array(bad), good])
-    y_pred = tf.constant(np.tile(rows, (20, 1)), "float32")
+    y_pred = ops.convert_to_tensor(np.tile(rows, (20, 1)), "float32")
     targets = sampled_fisher.sampled_targets(
-        KINDS[kind], from_logits, y_pred, tf.constant([3, 0], "int64")
+        KINDS[kind], from_logits, y_pred, ops.convert_to_tensor([3, 0], "int64")
     )
     drawn = np.asarray(targets)
     if kind == "sparse":
@@ -423,7 +418,7 @@ def test_sampled_targets_of_non_finite_predictions_are_valid(kind, from_logits):
     if kind == "categorical":
         np.testing.assert_array_equal(drawn.sum(axis=-1), 1.0)
     # The data's labels: class 0, or zeros.
-    labels = tf.zeros_like(targets)
+    labels = ops.zeros_like(targets)
     finite = _finite_rows_of_gradient(kind, from_logits, targets, y_pred)
     np.testing.assert_array_equal(
         finite,

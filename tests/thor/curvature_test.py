@@ -152,7 +152,7 @@ def test_embedding_statistics_are_dense_statistics_of_one_hot_ids():
     assert float(rows) == float(dense_rows) == 20
 
 
-@pytest.mark.tf_only
+@pytest.mark.thor_training
 def test_one_step_lands_on_the_least_squares_solution():
     """THOR on a linear model with MSE is a scaled Gauss-Newton step.
 

@@ -9,8 +9,6 @@ import pytest
 import keras_thor
 from tests import helpers
 
-tf_only = pytest.mark.tf_only
-
 
 class MyDense(keras.layers.Dense):
     """A user's Dense subclass, not registered."""
@@ -89,7 +87,7 @@ def _fit(model, x, y):
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
 
 
-@tf_only
+@pytest.mark.thor_training
 @pytest.mark.parametrize("kind", ["sequential", "functional", "nested"])
 def test_convert_fit_save_and_load(kind, tmp_path):
     model = _model(kind)
@@ -131,7 +129,7 @@ def test_convert_fit_save_and_load(kind, tmp_path):
         helpers.assert_same_training_state(loaded, converted)
 
 
-@tf_only
+@pytest.mark.tf_only  # boost trains on TensorFlow
 def test_to_keras_model_and_boost_keep_custom_layers():
     model = _model("nested")
     x, _ = _data()

@@ -137,7 +137,7 @@ def test_grouped_patches_end_in_a_one():
         )
 
 
-@pytest.mark.tf_only
+@pytest.mark.thor_training
 def test_joint_rows_train_a_grouped_and_depthwise_cnn():
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8, 8, 2))

@@ -14,7 +14,7 @@ from keras_thor.src.thor import blocks
 from keras_thor.src.thor.estimator import CurvatureEstimator
 from tests import helpers
 
-pytestmark = pytest.mark.tf_only
+pytestmark = pytest.mark.thor_training
 
 THOR_LOGS = {
     "thor_damping",
@@ -67,30 +67,20 @@ def _state(thor, index):
 
 
 def _count_statistics(monkeypatch, model):
-    """Counts Dense statistics and sums the steps they are computed at;
-    the same for the layers' inversions."""
+    """Records the steps at which Dense statistics are computed, and those
+    of the layers' inversions (one record per layer)."""
     counts = {
-        name: (
-            keras.Variable(0, dtype="int32", trainable=False),
-            keras.Variable(0, dtype="int64", trainable=False),
-        )
-        for name in ("statistics", "inverses")
+        name: helpers.RunTimeSteps() for name in ("statistics", "inverses")
     }
-
-    def count(name):
-        counter, steps = counts[name]
-        counter.assign_add(1)
-        steps.assign_add(model.optimizer.iterations)
-
     dense_statistics = blocks.dense_statistics
     inverses = CurvatureEstimator.inverses
 
     def counted_statistics(inputs, sample_output_grads):
-        count("statistics")
+        counts["statistics"].record(model.optimizer.iterations)
         return dense_statistics(inputs, sample_output_grads)
 
     def counted_inverses(self, index, statistics, damping):
-        count("inverses")
+        counts["inverses"].record(model.optimizer.iterations)
         return inverses(self, index, statistics, damping)
 
     monkeypatch.setattr(blocks, "dense_statistics", counted_statistics)
@@ -99,9 +89,10 @@ def _count_statistics(monkeypatch, model):
 
 
 def _counted(counts):
+    """`{name: (records, sum of their steps)}`."""
     return {
-        name: (int(c.numpy()), int(s.numpy()))
-        for name, (c, s) in counts.items()
+        name: (len(steps.steps()), sum(steps.steps()))
+        for name, steps in counts.items()
     }
 
 

@@ -11,7 +11,7 @@ import pytest
 import keras_thor
 from tests import helpers
 
-pytestmark = pytest.mark.tf_only
+pytestmark = pytest.mark.thor_training
 
 
 @keras.saving.register_keras_serializable("to_keras_test")
@@ -160,6 +160,7 @@ _SERVE_WITH_TENSORFLOW_ONLY = textwrap.dedent(
 )
 
 
+@pytest.mark.tf_only  # boost trains, and export serves, on TensorFlow
 def test_subclassed_thor_model_and_boost_model_serve_through_export(
     tmp_path,
 ):

@@ -26,7 +26,7 @@ from tests.thor.thor_options_reference_test import _assert_follows
 from tests.thor.thor_options_reference_test import _fit_and_reference
 from tests.thor.thor_options_reference_test import _Recorder
 
-tf_only = pytest.mark.tf_only
+thor_training = pytest.mark.thor_training
 GOOD = dict(learning_rate=0.1, damping=0.03, momentum=0.9, frequency=4)
 
 
@@ -162,7 +162,7 @@ def test_trace_thresholds_are_kept_and_in_the_config():
 # Training against the reference.
 
 
-@tf_only
+@thor_training
 @pytest.mark.parametrize(
     "kind, loss, thresholds, options",
     [
@@ -195,7 +195,7 @@ def test_trace_rule_follows_the_reference(kind, loss, thresholds, options):
     assert recorder.logs[-1]["thor_stopped_blocks"] == stopped
 
 
-@tf_only
+@thor_training
 def test_a_zero_update_threshold_is_mindspores_rule():
     """`Δ > 0` for any new batch: every layer is inverted every time."""
     runs = []
@@ -239,7 +239,7 @@ def _inverses(thor):
     ]
 
 
-@tf_only
+@thor_training
 def test_stopped_layers_keep_their_inverses_through_save_and_load(tmp_path):
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
@@ -273,7 +273,7 @@ def test_stopped_layers_keep_their_inverses_through_save_and_load(tmp_path):
         np.testing.assert_array_equal(before, now)
 
 
-@tf_only
+@thor_training
 @pytest.mark.parametrize("factor_decay", [None, 0.9])
 def test_a_non_finite_refresh_step_never_stops_a_layer(factor_decay):
     """With `ω₂ = ∞` every layer stops at its first decided refresh. A
