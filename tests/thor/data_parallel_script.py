@@ -2,8 +2,9 @@
 THOR for 50 steps on one device, then under `keras.distribution.
 DataParallel` over two, from the same weights at the same global batch.
 Prints one JSON line: the largest differences of weights, THOR's state and
-the logged losses. With `model_parallel`, prints the error `compile` raises
-under `ModelParallel`."""
+the logged losses. Its argument is a JSON object of THOR's arguments (and
+`hidden_units`, the hidden layer's width); with `model_parallel`, it
+prints the error `compile` raises under `ModelParallel` instead."""
 
 import json
 import os
@@ -20,10 +21,10 @@ import keras_thor  # noqa: E402
 STEPS, BATCH = int(os.environ.get("DP_STEPS", 50)), 32
 
 
-def _model(**thor_args):
+def _model(hidden_units=10, **thor_args):
     keras.utils.set_random_seed(0)
     inputs = keras.Input((12,))
-    x = keras.layers.Dense(10, activation="tanh")(inputs)
+    x = keras.layers.Dense(hidden_units, activation="tanh")(inputs)
     x = keras.layers.LayerNormalization()(x)
     outputs = keras.layers.Dense(4)(x)
     model = keras_thor.convert_to_thor_model(keras.Model(inputs, outputs))

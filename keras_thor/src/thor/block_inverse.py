@@ -12,6 +12,7 @@ import numpy as np
 from keras import ops
 
 from keras_thor.src.backend.linalg import cholesky
+from keras_thor.src.backend.linalg import map_matrices
 from keras_thor.src.utils.finite import is_finite
 
 
@@ -59,7 +60,12 @@ def inverse_via_cholesky(blocks):
 
     `M = L Lᵀ`, `X = L⁻¹`, `M⁻¹ = Xᵀ X` (symmetric by construction). A block
     that is not positive definite comes back with non-finite entries.
+    (On JAX block by block: `map_matrices`.)
     """
+    return map_matrices(_inverse_via_cholesky, ops.convert_to_tensor(blocks))
+
+
+def _inverse_via_cholesky(blocks):
     lower = cholesky(blocks)
     identity = ops.broadcast_to(
         ops.eye(blocks.shape[-1], dtype=blocks.dtype), blocks.shape
