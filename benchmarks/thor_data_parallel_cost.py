@@ -45,9 +45,9 @@ import keras  # noqa: E402
 from tasks import digits  # noqa: E402
 from thor_step_cost import SETUPS  # noqa: E402
 from thor_step_cost import StepTimer  # noqa: E402
-from thor_step_cost import _fit  # noqa: E402
-from thor_step_cost import _median_step  # noqa: E402
-from thor_step_cost import _model  # noqa: E402
+from thor_step_cost import fit_model  # noqa: E402
+from thor_step_cost import median_step  # noqa: E402
+from thor_step_cost import thor_or_baseline_model  # noqa: E402
 
 import keras_thor  # noqa: E402
 
@@ -65,23 +65,25 @@ def _steps(setup, x, y, distribution, rounds):
             )
 
         runs = {
-            "sgd": _model(setup, keras.optimizers.SGD(0.01, momentum=0.9)),
-            "plain": _model(setup, thor(10**9)),
-            "refresh": _model(setup, thor(2)),
+            "sgd": thor_or_baseline_model(
+                setup, keras.optimizers.SGD(0.01, momentum=0.9)
+            ),
+            "plain": thor_or_baseline_model(setup, thor(10**9)),
+            "refresh": thor_or_baseline_model(setup, thor(2)),
         }
         for model in runs.values():  # trace, compile, warm up
-            _fit(model, x, y, batch, 1)
+            fit_model(model, x, y, batch, 1)
         timers = {name: StepTimer() for name in runs}
         for _ in range(rounds):
             for name, model in runs.items():
                 model.optimizer.iterations.assign(0)
-                _fit(model, x, y, batch, 2, timers[name])
+                fit_model(model, x, y, batch, 2, timers[name])
     finally:
         keras.distribution.set_distribution(None)
     return (
-        _median_step(timers["sgd"], lambda s: True),
-        _median_step(timers["plain"], lambda s: s > 0),
-        _median_step(timers["refresh"], lambda s: s % 2 == 0),
+        median_step(timers["sgd"], lambda s: True),
+        median_step(timers["plain"], lambda s: s > 0),
+        median_step(timers["refresh"], lambda s: s % 2 == 0),
     )
 
 

@@ -86,7 +86,7 @@ class StepTimer(keras.callbacks.Callback):
         self.seconds.append(time.perf_counter() - self._start)
 
 
-def _model(setup, optimizer):
+def thor_or_baseline_model(setup, optimizer):
     keras.utils.set_random_seed(0)
     model = setup["build"]()
     if isinstance(optimizer, keras_thor.optimizers.THOR):
@@ -95,7 +95,7 @@ def _model(setup, optimizer):
     return model
 
 
-def _fit(model, x, y, batch, epochs, timer=None):
+def fit_model(model, x, y, batch, epochs, timer=None):
     model.fit(
         x,
         y,
@@ -140,7 +140,7 @@ def floor_report(costs, batch):
     return floor
 
 
-def _median_step(timer, keep):
+def median_step(timer, keep):
     return float(
         np.median(
             [s for s, step in zip(timer.seconds, timer.steps) if keep(step)]
@@ -290,18 +290,20 @@ def benchmark(model_name, rounds):
     # The non-refresh run is as long as the frequency-100 one, so that both
     # means average the same mix of epoch-start and inner steps.
     runs = {
-        "sgd": _model(setup, keras.optimizers.SGD(0.01, momentum=0.9)),
-        "plain": _model(setup, thor(10**9)),
-        "refresh": _model(setup, thor(2)),
-        "frequency 100": _model(setup, thor(100)),
+        "sgd": thor_or_baseline_model(
+            setup, keras.optimizers.SGD(0.01, momentum=0.9)
+        ),
+        "plain": thor_or_baseline_model(setup, thor(10**9)),
+        "refresh": thor_or_baseline_model(setup, thor(2)),
+        "frequency 100": thor_or_baseline_model(setup, thor(100)),
     }
     for model in runs.values():  # trace, compile, warm up
-        _fit(model, x, y, batch, 2)
+        fit_model(model, x, y, batch, 2)
     timers = {name: StepTimer() for name in runs}
     for _ in range(rounds):
         for name, model in runs.items():
             model.optimizer.iterations.assign(0)
-            _fit(
+            fit_model(
                 model,
                 x,
                 y,
@@ -309,9 +311,9 @@ def benchmark(model_name, rounds):
                 epochs if name in ("plain", "frequency 100") else 1,
                 timers[name],
             )
-    sgd = _median_step(timers["sgd"], lambda s: True)
-    plain = _median_step(timers["plain"], lambda s: s > 0)  # 0 refreshes
-    refresh = _median_step(timers["refresh"], lambda s: s % 2 == 0)
+    sgd = median_step(timers["sgd"], lambda s: True)
+    plain = median_step(timers["plain"], lambda s: s > 0)  # 0 refreshes
+    refresh = median_step(timers["refresh"], lambda s: s % 2 == 0)
     # Means over whole epochs (epoch-start steps included) on both sides.
     mean_f100 = float(np.mean(timers["frequency 100"].seconds))
     mean_plain = float(np.mean(timers["plain"].seconds))
@@ -391,13 +393,13 @@ def options_report(model_name, rounds, only=None):
         options.setdefault("damping", setup["damping"])
         options.update(learning_rate=0.01, momentum=0.9, frequency=2)
         optimizer = keras_thor.optimizers.THOR(batch_size=batch, **options)
-        runs[name] = _model(setup, optimizer)
+        runs[name] = thor_or_baseline_model(setup, optimizer)
     for model in runs.values():  # trace, compile, warm up
-        _fit(model, x, y, batch, 1)
+        fit_model(model, x, y, batch, 1)
     timers = {name: StepTimer() for name in runs}
     for _ in range(rounds):
         for name, model in runs.items():
-            _fit(model, x, y, batch, 1, timers[name])
+            fit_model(model, x, y, batch, 1, timers[name])
     print(f"\n{model_name}: curvature options, batch {batch}, {rounds} rounds")
     print(
         f"  {'option':<26}{'refresh':>9}{'plain':>8}{'capture':>9}"
@@ -407,8 +409,8 @@ def options_report(model_name, rounds, only=None):
     )
     for name, model in runs.items():
         timer = timers[name]
-        refresh = _median_step(timer, lambda s: s % 2 == 0)
-        plain = _median_step(timer, lambda s: s % 2 == 1)
+        refresh = median_step(timer, lambda s: s % 2 == 0)
+        plain = median_step(timer, lambda s: s % 2 == 1)
         capture_s, inverse_s, precondition_s = refresh_pieces(
             model, x[:batch], y[:batch]
         )

@@ -90,10 +90,8 @@ def _count_statistics(monkeypatch, model):
 
 def _counted(counts):
     """`{name: (records, sum of their steps)}`."""
-    return {
-        name: (len(steps.steps()), sum(steps.steps()))
-        for name, steps in counts.items()
-    }
+    recorded = {name: steps.steps() for name, steps in counts.items()}
+    return {name: (len(s), sum(s)) for name, s in recorded.items()}
 
 
 class _Snapshots(keras.callbacks.Callback):
