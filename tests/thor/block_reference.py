@@ -46,14 +46,23 @@ def damped_inverse(factor, root, split_dim):
     return inverse
 
 
-def kronecker_direction(x_rows, dz_rows, examples, scale, damping, split_dim):
+def loss_terms(z):
+    """The terms Keras's losses average for a prediction `z`: every axis
+    but the last (`N` for `(N, d)`, `N·L` for `(N, L, d)`)."""
+    if z.ndim < 3:
+        return z.shape[0]
+    return z.size // z.shape[-1]
+
+
+def kronecker_direction(x_rows, dz_rows, terms, scale, damping, split_dim):
     """`A⁻¹ · g · G⁻¹` of one group from its rows.
 
     `x_rows` `(R, d_in)`, `dz_rows` `(R, d_out)` the mean-loss output
-    gradients; `examples` the `N` that makes them per-sample.
+    gradients; `terms` the loss terms (`loss_terms`) that make them
+    per-sample.
     """
     rows = x_rows.shape[0]
-    per_sample = dz_rows * examples
+    per_sample = dz_rows * terms
     a = x_rows.T @ x_rows / rows
     g = per_sample.T @ per_sample / rows
     root = math.sqrt(damping)
@@ -108,7 +117,7 @@ def grouped_forward(rows, matrices, out_shape):
     return np.concatenate(outputs, axis=-1).reshape(*out_shape, -1)
 
 
-def grouped_step(rows, matrices, dz, examples, scale, hyper):
+def grouped_step(rows, matrices, dz, terms, scale, hyper):
     """The new matrices of every group after one THOR step.
 
     `dz` `(N, ..., C_out)`, the mean-loss output gradient; `hyper` is
@@ -122,7 +131,7 @@ def grouped_step(rows, matrices, dz, examples, scale, hyper):
         direction = kronecker_direction(
             x_rows,
             dz[:, j * size : (j + 1) * size],
-            examples,
+            terms,
             scale,
             damping,
             split_dim,

@@ -82,7 +82,7 @@ def _dense_case(layer, x, convert, **thor_kwargs):
     y = _data(rng, z.shape)
     dz = ref.mse_output_grad(z, y.astype("float64"))
     [expected] = ref.grouped_step(
-        [x.astype("float64")], [kernel], dz, len(x), 1.0, HYPER
+        [x.astype("float64")], [kernel], dz, ref.loss_terms(z), 1.0, HYPER
     )
     _fit(model, x, y, **thor_kwargs)
     sgd = kernel - LEARNING_RATE * x.T @ dz
@@ -143,7 +143,7 @@ def _conv_case(layer, x, options, groups, convert=False, depthwise=False):
     y = _data(rng, z.shape)
     dz = ref.mse_output_grad(z + bias, y.astype("float64"))
     scale = np.sqrt(np.prod(out_spatial))
-    new = ref.grouped_step(rows, matrices, dz, N, scale, HYPER)
+    new = ref.grouped_step(rows, matrices, dz, ref.loss_terms(z), scale, HYPER)
     expected = ref.kernel_from_groups(new, grouped.shape).reshape(kernel.shape)
     sgd = ref.kernel_from_groups(
         [
@@ -245,11 +245,12 @@ def test_separable_conv2d_moves_both_kernels():
     y = _data(rng, z.shape)
     dz = ref.mse_output_grad(z, y.astype("float64")).reshape(-1, 3)
     scale = np.sqrt(np.prod(out_spatial))
+    terms = ref.loss_terms(z)
     new = ref.grouped_step(
-        rows, matrices, dz @ pointwise_matrix.T, N, scale, HYPER
+        rows, matrices, dz @ pointwise_matrix.T, terms, scale, HYPER
     )
     [new_pointwise] = ref.grouped_step(
-        [middle], [pointwise_matrix], dz, N, scale, HYPER
+        [middle], [pointwise_matrix], dz, terms, scale, HYPER
     )
     _fit(model, x, y)
     expected = ref.kernel_from_groups(new, grouped.shape)
@@ -293,7 +294,9 @@ def test_einsum_dense(equation, input_shape, kernel_shape, output_shape):
     y = _data(rng, z.shape)
     dz = ref.mse_output_grad(z, y.astype("float64"))
     dz = dz.reshape(rows.shape[0], -1)
-    [new] = ref.grouped_step([rows], [matrix], dz, N, 1.0, HYPER)
+    [new] = ref.grouped_step(
+        [rows], [matrix], dz, ref.loss_terms(z), 1.0, HYPER
+    )
     _fit(model, x, y)
     sgd = matrix - LEARNING_RATE * rows.T @ dz
     _assert_step(
@@ -323,7 +326,7 @@ def test_embedding_uses_the_diagonal_input_factor():
     dz = ref.mse_output_grad(z, y.astype("float64")).reshape(-1, width)
     rows = one_hot.shape[0]
     counts = one_hot.sum(axis=0)
-    per_sample = dz * N
+    per_sample = dz * ref.loss_terms(z)
     g_inverse = ref.damped_inverse(
         per_sample.T @ per_sample / rows, np.sqrt(DAMPING), SPLIT_DIM
     )

@@ -66,7 +66,8 @@ class THOR(
           `loss_scale`); biases and other variables use `d = g`.
         - `A = XᵀX / rows`, `G = DᵀD / rows`: the layer's input and
           per-sample output-gradient second moments over the batch (all
-          replicas' batches under tf.distribute); Embedding uses the
+          replicas' batches under tf.distribute; a sample is a term of the
+          loss: a position of a per-token loss); Embedding uses the
           diagonal of token counts, convolutions im2col patches.
         - `c`: `√T` for a convolution with `T` output positions, else 1;
           `π`: 1 (MindSpore), or with `damping_split="pi"` K-FAC's

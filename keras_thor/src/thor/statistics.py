@@ -8,7 +8,8 @@ Notation:
     - `X`: the layer's inputs as rows (one row per example, sequence
       position); `D`: the per-sample gradients of
       the loss with respect to the layer's outputs, in the same rows
-      (the gradient of the mean loss times the number of examples `N`).
+      (the gradient of the mean loss times the number of loss terms:
+      examples, times positions for a per-position loss; `loss_terms`).
     - `A = XᵀX / rows`, `G = DᵀD / rows`: THOR's factors.
 """
 

@@ -27,6 +27,7 @@ from keras_thor.src.thor import probe_gradients
 from keras_thor.src.thor import tape_gradients
 from keras_thor.src.thor.directions import Guard
 from keras_thor.src.thor.directions import step_directions
+from keras_thor.src.thor.loss_terms import terms_per_example
 from keras_thor.src.thor.optimizer import THOR
 from keras_thor.src.thor.sampled_fisher import fisher_loss_kind
 from keras_thor.src.thor.sampled_fisher import sampled_loss
@@ -145,8 +146,12 @@ def train_step(model, data, statistics, invert, update=True):
         )
         loss_scale = ops.cast(model.optimizer.scale_loss(1.0), "float32")
         if statistics:
-            examples = batch_examples(x) * replicas.replica_count()
-            sample_scale = ops.cast(examples, "float32") / loss_scale
+            terms = (
+                batch_examples(x)
+                * replicas.replica_count()
+                * terms_per_example(forward.y_pred)
+            )
+            sample_scale = ops.cast(terms, "float32") / loss_scale
             estimator.refresh(
                 estimator.gather(
                     forward.calls, forward.fisher_grads, sample_scale
