@@ -390,3 +390,99 @@ def test_layer_normalization_uses_the_diagonal_rule():
             before - LEARNING_RATE * gradient,
         )
     _assert_step(dense.kernel, kernel, new_kernel)
+
+
+def test_tied_embedding_takes_curvature_from_the_lookup_and_the_head():
+    """`ReversibleEmbedding(tie_weights=True)` used as lookup and head:
+    `(diag(a) + G_head + √λ)⁻¹ · g · (G_lookup + A_head + √λ)⁻¹`, each
+    use's factors the mean over its own rows, `g` both uses' gradient."""
+    rng = np.random.default_rng(8)
+    vocabulary, width, length = 6, 4, 3
+    ids = rng.integers(0, vocabulary, size=(N, length)).astype("int32")
+    inputs = keras.Input((length,), dtype="int32")
+    layer = keras.layers.ReversibleEmbedding(vocabulary, width)
+    model = keras_thor.models.ThorModel(
+        inputs, layer(layer(inputs), reverse=True)
+    )
+    table = _np(layer.embeddings)
+    one_hot = np.eye(vocabulary)[ids.reshape(-1)]
+    x_rows = one_hot @ table
+    z = (x_rows @ table.T).reshape(N, length, vocabulary)
+    _check_forward(model, ids, z)
+    y = _data(rng, z.shape)
+    dz = ref.mse_output_grad(z, y.astype("float64")).reshape(-1, vocabulary)
+    dx = dz @ table
+    rows, terms = x_rows.shape[0], ref.loss_terms(z)
+    head_grads, lookup_grads = dz * terms, dx * terms
+    left = np.diag(one_hot.sum(axis=0) / rows) + (
+        head_grads.T @ head_grads / rows
+    )
+    right = (lookup_grads.T @ lookup_grads + x_rows.T @ x_rows) / rows
+    gradient = one_hot.T @ dx + dz.T @ x_rows
+    root = np.sqrt(DAMPING)
+    direction = (
+        ref.damped_inverse(left, root, SPLIT_DIM)
+        @ gradient
+        @ ref.damped_inverse(right, root, SPLIT_DIM)
+    )
+    _fit(model, ids, y)
+    _assert_step(
+        layer.embeddings,
+        table,
+        table - LEARNING_RATE * direction,
+        table - LEARNING_RATE * gradient,
+    )
+
+
+def test_untied_reversible_embedding_takes_the_dense_rule_before_the_cap():
+    """Untied: the lookup as an Embedding, the `(W, V)` reverse kernel as
+    a Dense layer whose outputs are the logits before `logit_soft_cap`."""
+    rng = np.random.default_rng(9)
+    vocabulary, width, length, cap = 6, 4, 3, 2.0
+    ids = rng.integers(0, vocabulary, size=(N, length)).astype("int32")
+    inputs = keras.Input((length,), dtype="int32")
+    layer = keras.layers.ReversibleEmbedding(
+        vocabulary,
+        width,
+        tie_weights=False,
+        logit_soft_cap=cap,
+        embeddings_initializer="random_normal",
+    )
+    model = keras_thor.models.ThorModel(
+        inputs, layer(layer(inputs), reverse=True)
+    )
+    table, reverse = _np(layer.embeddings), _np(layer.reverse_embeddings)
+    one_hot = np.eye(vocabulary)[ids.reshape(-1)]
+    x_rows = one_hot @ table
+    capped = np.tanh(x_rows @ reverse / cap)
+    z = (cap * capped).reshape(N, length, vocabulary)
+    _check_forward(model, ids, z)
+    y = _data(rng, z.shape)
+    dz = ref.mse_output_grad(z, y.astype("float64")).reshape(-1, vocabulary)
+    dz_logits = dz * (1.0 - capped**2)
+    terms = ref.loss_terms(z)
+    [expected_reverse] = ref.grouped_step(
+        [x_rows], [reverse], dz_logits, terms, 1.0, HYPER
+    )
+    dx = dz_logits @ reverse.T
+    rows = x_rows.shape[0]
+    per_sample = dx * terms
+    g_inverse = ref.damped_inverse(
+        per_sample.T @ per_sample / rows, np.sqrt(DAMPING), SPLIT_DIM
+    )
+    gradient = one_hot.T @ dx
+    counts = one_hot.sum(axis=0) / rows
+    direction = (gradient / (counts + np.sqrt(DAMPING))[:, None]) @ g_inverse
+    _fit(model, ids, y)
+    _assert_step(
+        layer.reverse_embeddings,
+        reverse,
+        expected_reverse,
+        reverse - LEARNING_RATE * x_rows.T @ dz_logits,
+    )
+    _assert_step(
+        layer.embeddings,
+        table,
+        table - LEARNING_RATE * direction,
+        table - LEARNING_RATE * gradient,
+    )

@@ -110,6 +110,26 @@ def _transformer():
     return keras.Model(tokens, outputs, name="transformer")
 
 
+def _gpt(tie_weights=True):
+    """A pre-LayerNorm GPT block, bias-free, its head the token table."""
+    layers = keras.layers
+    tokens = keras.Input((12,), dtype="int32")
+    table = layers.ReversibleEmbedding(
+        50, 16, tie_weights=tie_weights, name="token_embedding"
+    )
+    x = table(tokens)
+    h = layers.LayerNormalization(center=False, name="norm_a")(x)
+    h = layers.MultiHeadAttention(2, 8, use_bias=False, name="attention")(
+        h, h, use_causal_mask=True
+    )
+    x = layers.Add()([x, h])
+    h = layers.LayerNormalization(center=False, name="norm_b")(x)
+    h = layers.Dense(32, "gelu", use_bias=False, name="ffn_in")(h)
+    x = layers.Add()([x, layers.Dense(16, use_bias=False, name="ffn_out")(h)])
+    x = layers.LayerNormalization(center=False, name="norm_f")(x)
+    return keras.Model(tokens, table(x, reverse=True), name="gpt")
+
+
 def _separable_grouped():
     return keras.Sequential(
         [
@@ -146,6 +166,9 @@ ZOO = {
     "mobilenet_v2": (_mobilenet_v2, 408_938, 371_376, 394_848),
     # 63.1% -> 96.2%: MultiHeadAttention's four projections are new.
     "transformer": (_transformer, 3_092, 1_952, 2_976),
+    # 37.0% -> 100%: attention's projections and the tied token table (its
+    # lookup and the vocabulary head) are new.
+    "gpt": (_gpt, 2_896, 1_072, 2_896),
     # 31.7% -> 95.0%: grouped, depthwise and separable kernels are new.
     "separable_grouped": (_separable_grouped, 884, 280, 840),
     # 6.8% -> 94.5%: the user's Dense subclass is new.
@@ -193,6 +216,16 @@ def test_zoo_layers_are_covered_by_kind():
         "norm_b": "NormalizationDiagonal",
         "head": "DenseKronecker",
     }
+    rules = {
+        row.name: row.rule
+        for row in keras_thor.curvature_coverage(_gpt()).layers
+    }
+    assert rules["token_embedding"] == "TiedEmbeddingKronecker"
+    assert rules["query"] == "EinsumDenseKronecker"
+    untied = keras_thor.curvature_coverage(_gpt(tie_weights=False))
+    [row] = [row for row in untied.layers if row.name == "token_embedding"]
+    assert row.rule == "DenseKronecker, EmbeddingKronecker"
+    assert row.curvature_parameters == row.parameters == 2 * 50 * 16
     rules = {
         row.name: row.rule
         for row in keras_thor.curvature_coverage(_separable_grouped()).layers

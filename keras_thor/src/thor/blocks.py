@@ -122,6 +122,11 @@ class KroneckerBlock:
             kronecker_precondition(matrices, a_inverse, g_inverse)
         )
 
+    def factor_means(self, a_sum, g_sum, rows):
+        """`(A, G)` from the statistics of the step's calls, summed over
+        the calls (and replicas): the means over their rows."""
+        return a_sum / rows, g_sum / rows
+
 
 class DenseKronecker(KroneckerBlock):
     """`keras.layers.Dense`: `A = XᵀX / rows`, `G = DᵀD / rows`.
@@ -246,6 +251,58 @@ class EmbeddingKronecker(KroneckerBlock):
 
     def precondition(self, gradient, a_inverse, g_inverse, damping, batch_size):
         return diagonal_kronecker_precondition(gradient, a_inverse, g_inverse)
+
+
+class TiedEmbeddingKronecker(KroneckerBlock):
+    """`keras.layers.ReversibleEmbedding(tie_weights=True)`: one table `E`
+    `(V, W)` used twice, as the lookup (an Embedding: the diagonal `a` of
+    token counts on the vocabulary side, `G_lookup` on the width side) and
+    as the head `x · Eᵀ` (a Dense layer on `Eᵀ`: `A_head` on the width
+    side, `G_head` on the vocabulary side). The table's Fisher is the sum
+    of its uses'; the block takes the Kronecker product of the summed
+    factors, each use's the mean over its own rows:
+
+    ```
+    L = diag(a) + G_head        (V × V)
+    R = G_lookup + A_head       (W × W)
+    d = L⁻¹ · g · R⁻¹           (damped as any block's A and G)
+    ```
+
+    The product adds the cross terms `diag(a) ⊗ A_head` and
+    `G_head ⊗ G_lookup` to the uses' own Fishers. A call with integer
+    inputs is the lookup, any other the head. The statistics keep the two
+    uses apart (a leading axis of 2, rows per use) until `factor_means`;
+    a use the step did not record adds nothing.
+    """
+
+    def __init__(self, layer, table):
+        vocabulary, width = table.shape
+        super().__init__(layer, table, 1, vocabulary, width)
+
+    def statistics(self, inputs, sample_output_grads):
+        if "int" in str(inputs.dtype):
+            counts, g_sum, rows = embedding_statistics(
+                inputs, sample_output_grads, self.a_dim
+            )
+            left, right, use = ops.diag(counts), g_sum, 0
+        else:
+            right, left, rows = dense_statistics(inputs, sample_output_grads)
+            use = 1
+        slots = [1.0 if i == use else 0.0 for i in range(2)]
+        weights = ops.convert_to_tensor(slots, "float32")
+        return (
+            weights[:, None, None] * left[None],
+            weights[:, None, None] * right[None],
+            weights * rows,
+            1.0,
+        )
+
+    def factor_means(self, a_sum, g_sum, rows):
+        per_use = ops.maximum(rows, 1.0)[:, None, None]
+        return (
+            ops.sum(a_sum / per_use, axis=0, keepdims=True),
+            ops.sum(g_sum / per_use, axis=0, keepdims=True),
+        )
 
 
 class BiasKronecker(KroneckerBlock):

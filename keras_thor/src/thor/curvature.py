@@ -3,7 +3,8 @@
 A layer gets curvature by its Keras class: `Dense`, `EinsumDense` (so
 MultiHeadAttention's projections), `Conv1D`/`Conv2D`/`Conv3D` (grouped
 too), `DepthwiseConv1D`/`DepthwiseConv2D`, `SeparableConv1D`/
-`SeparableConv2D` (two blocks), `Embedding`, and the scale and offset of
+`SeparableConv2D` (two blocks), `Embedding`, `ReversibleEmbedding` (a tied
+table from both its uses), and the scale and offset of
 `LayerNormalization` (MindSpore's diagonal rule). Batch and group
 normalization keep the plain gradient, as in MindSpore's THOR. A user's
 subclass of one of these gets the same curvature when it keeps the class's
@@ -32,6 +33,7 @@ from keras_thor.src.thor.blocks import EinsumDenseKronecker
 from keras_thor.src.thor.blocks import EmbeddingKronecker
 from keras_thor.src.thor.blocks import KroneckerBlock
 from keras_thor.src.thor.blocks import NormalizationDiagonal
+from keras_thor.src.thor.blocks import TiedEmbeddingKronecker
 from keras_thor.src.thor.einsum_layout import UnsupportedEinsumError
 from keras_thor.src.thor.einsum_layout import einsum_layout
 from keras_thor.src.thor.joint_bias import JOINABLE
@@ -50,6 +52,7 @@ SUPPORTED = (
     *DEPTHWISE,
     *SEPARABLE,
     keras.layers.Embedding,
+    keras.layers.ReversibleEmbedding,
     keras.layers.LayerNormalization,
 )
 # MindSpore's THOR gives these the plain gradient (ResNet-50's BNs).
@@ -264,12 +267,55 @@ def _blocks(layer):
         return blocks, functools.partial(
             _separable_call, depthwise=depthwise, pointwise=pointwise, bias=bias
         )
+    if isinstance(layer, keras.layers.ReversibleEmbedding):
+        return _reversible_embedding_blocks(layer)
     if isinstance(layer, keras.layers.Embedding):
         _keeps_call_of(layer, (keras.layers.Embedding,))
         table = _trainable_variable(layer.embeddings, "table")
         block = EmbeddingKronecker(layer, table)
         return [block], functools.partial(_record_outputs, block=block)
     raise _Unsupported("no curvature rule for its class")
+
+
+def _reversible_call(layer, args, kwargs, capture_, lookup, head):
+    """ReversibleEmbedding's `call`, recording the lookup for `lookup` and
+    the head's logits before any soft cap for `head`."""
+    reverse = kwargs.get("reverse", args[1] if len(args) > 1 else False)
+    if not reverse:
+        return _record_outputs(layer, args, kwargs, capture_, lookup)
+    if not capture_.wants(head):
+        return type(layer).call(layer, *args, **kwargs)
+    inputs = capture.call_inputs(args, kwargs)
+    if layer.tie_weights:
+        kernel = ops.transpose(layer.embeddings)
+    else:
+        kernel = layer.reverse_embeddings
+    if layer.reverse_dtype is not None:
+        inputs = ops.cast(inputs, layer.reverse_dtype)
+        kernel = ops.cast(kernel, layer.reverse_dtype)
+    logits = capture_.tap(ops.matmul(inputs, kernel))
+    capture_.record(head, inputs, logits)
+    if layer.logit_soft_cap is not None:
+        cap = layer.logit_soft_cap
+        logits = ops.multiply(ops.tanh(ops.divide(logits, cap)), cap)
+    return logits
+
+
+def _reversible_embedding_blocks(layer):
+    """A tied table's `TiedEmbeddingKronecker` (curvature from the lookup
+    and the head), or an untied layer's lookup `EmbeddingKronecker` and
+    head `DenseKronecker` (on the `(W, V)` reverse kernel)."""
+    _keeps_call_of(layer, (keras.layers.ReversibleEmbedding,))
+    table = _trainable_variable(layer.embeddings, "table")
+    if layer.tie_weights:
+        block = TiedEmbeddingKronecker(layer, table)
+        blocks, lookup, head = [block], block, block
+    else:
+        reverse = _trainable_variable(layer.reverse_embeddings, "reverse table")
+        lookup = EmbeddingKronecker(layer, table)
+        head = DenseKronecker(layer, reverse)
+        blocks = [lookup, head]
+    return blocks, functools.partial(_reversible_call, lookup=lookup, head=head)
 
 
 def own_trainable_variables(layer):

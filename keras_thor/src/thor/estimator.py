@@ -276,7 +276,10 @@ class CurvatureEstimator:
             )
             for position, index in enumerate(present):
                 a_sum, g_sum, rows = flat[3 * position : 3 * position + 3]
-                statistics[index] = (a_sum / rows, g_sum / rows, sums[index][3])
+                statistics[index] = (
+                    *self._blocks[index].factor_means(a_sum, g_sum, rows),
+                    sums[index][3],
+                )
         return statistics
 
     def refresh(self, statistics, damping, invert, writes):
