@@ -13,7 +13,7 @@ nanoGPT's AdamW (`nanogpt_adamw`): rate 1e-3, 100 linear warm-up steps,
 cosine to 1e-4 at step 2,000 (then constant), betas 0.9 / 0.99, weight
 decay 0.1 on every weight with two or more axes (embeddings and the
 attention's 3-axis kernels included; LayerNorm scales excluded), global
-gradient clipping at norm 1.0.
+gradient clipping at norm 1.0, epsilon 1e-8 (torch's default).
 
 Notation:
     - `blocks`, `heads`, `width`, `context`: the transformer's sizes.
@@ -41,6 +41,7 @@ NANOGPT_MIN_RATE = 1e-4
 NANOGPT_BETAS = (0.9, 0.99)
 NANOGPT_WEIGHT_DECAY = 0.1
 NANOGPT_CLIP_NORM = 1.0
+NANOGPT_EPSILON = 1e-8  # torch's AdamW default
 
 
 def _normal(std):
@@ -81,18 +82,23 @@ def _block(x, index, residual_std):
     return keras.layers.Add(name=f"{name}_mlp_residual")([x, h])
 
 
-def gpt(vocabulary_size, blocks=BLOCKS, seed=None):
+def gpt(
+    vocabulary_size,
+    blocks=BLOCKS,
+    seed=None,
+    table_class=keras.layers.ReversibleEmbedding,
+):
     """nanoGPT's CPU GPT over `vocabulary_size` characters.
 
     Inputs `(B, L)` int32 ids with `L ≤ CONTEXT`; outputs `(B, L,
     vocabulary_size)` logits. `seed` seeds the initial weights (else
-    Keras's global seed).
+    Keras's global seed); `table_class` is the tied table's class.
     """
     if seed is not None:
         keras.utils.set_random_seed(seed)
     residual_std = INIT_STD / math.sqrt(2 * blocks)
     token_ids = keras.Input((None,), dtype="int32", name="token_ids")
-    token_embedding = keras.layers.ReversibleEmbedding(
+    token_embedding = table_class(
         vocabulary_size,
         WIDTH,
         tie_weights=True,
@@ -126,8 +132,9 @@ LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 class NanoGPTSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """nanoGPT's `get_lr`: linear warm-up from `rate / warmup` at step 0,
-    cosine from `rate` to `min_rate` until `decay_steps`, then `min_rate`."""
+    """nanoGPT's `get_lr`: linear warm-up `rate · (t + 1) / (warmup + 1)`
+    for `t < warmup`, then cosine from `rate` to `min_rate` at
+    `decay_steps`, then `min_rate`."""
 
     def __init__(
         self,
@@ -143,7 +150,7 @@ class NanoGPTSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def __call__(self, step):
         step = ops.cast(step, "float32")
-        warmup = self.rate * (step + 1.0) / self.warmup_steps
+        warmup = self.rate * (step + 1.0) / (self.warmup_steps + 1.0)
         progress = (step - self.warmup_steps) / (
             self.decay_steps - self.warmup_steps
         )
@@ -161,19 +168,20 @@ class NanoGPTSchedule(keras.optimizers.schedules.LearningRateSchedule):
         )
 
 
-def nanogpt_adamw(model, rate=NANOGPT_RATE):
+def nanogpt_adamw(rate=NANOGPT_RATE):
     """AdamW as nanoGPT trains task (f)'s model (the module docstring);
-    `rate` the peak rate (the schedule's minimum stays `rate / 10`)."""
+    `rate` the peak rate (the schedule's minimum stays `rate / 10`). No
+    decay on LayerNormalization scales and offsets and on biases, nanoGPT's
+    "every weight with fewer than two axes" for Keras's layers."""
     optimizer = keras.optimizers.AdamW(
         NanoGPTSchedule(rate, min_rate=rate * NANOGPT_MIN_RATE / NANOGPT_RATE),
         beta_1=NANOGPT_BETAS[0],
         beta_2=NANOGPT_BETAS[1],
         weight_decay=NANOGPT_WEIGHT_DECAY,
+        epsilon=NANOGPT_EPSILON,
         global_clipnorm=NANOGPT_CLIP_NORM,
     )
-    optimizer.exclude_from_weight_decay(
-        var_list=[v for v in model.trainable_variables if len(v.shape) < 2]
-    )
+    optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias"])
     return optimizer
 
 

@@ -23,9 +23,11 @@ import traceback
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")  # THOR trains on TF
 
+import gpt  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import outcomes  # noqa: E402
+import shakespeare  # noqa: E402
 import tasks  # noqa: E402
 
 import keras_thor  # noqa: E402
@@ -41,10 +43,21 @@ ADAMW = "AdamW"
 MUON = "Muon"
 LION = "Lion"
 SCHEDULE_FREE = "ScheduleFreeAdamW"
+NANOGPT_ADAMW = "AdamW (nanoGPT)"
 THOR_MINDSPORE = "THOR (MindSpore rule)"
 THOR_RECOMMENDED = "THOR (recommended)"
 BASELINES = (SGD, ADAMW, MUON, LION, SCHEDULE_FREE)
+# Baselines of one task only: (f) adds nanoGPT's AdamW as nanoGPT trains.
+TASK_BASELINES = {"gpt": (NANOGPT_ADAMW,)}
+ALL_BASELINES = BASELINES + (NANOGPT_ADAMW,)
 THORS = (THOR_MINDSPORE, THOR_RECOMMENDED)
+TASK_NAMES = ("digits", "resnet", "autoencoder", "transformer", "mnist_mlp")
+
+
+def baselines(task):
+    """The baselines `task` is tuned and reported against."""
+    return BASELINES + TASK_BASELINES.get(task.name, ())
+
 
 # Learning-rate grids: three values a factor ~3 apart around each
 # optimizer's usual rate, per task (fixed before any THOR run).
@@ -55,6 +68,7 @@ LEARNING_RATES = {
         "autoencoder": (0.001, 0.003, 0.01),
         "transformer": (0.03, 0.1, 0.3),
         "mnist_mlp": (0.03, 0.1, 0.3),
+        "gpt": (0.1, 0.3, 1.0),
     },
     ADAMW: {
         "digits": (1e-2, 3e-2, 1e-1),
@@ -62,6 +76,7 @@ LEARNING_RATES = {
         "autoencoder": (3e-4, 1e-3, 3e-3),
         "transformer": (1e-3, 3e-3, 1e-2),
         "mnist_mlp": (1e-3, 3e-3, 1e-2),
+        "gpt": (3e-4, 1e-3, 3e-3),
     },
     MUON: {
         "digits": (1e-2, 3e-2, 1e-1),
@@ -69,6 +84,7 @@ LEARNING_RATES = {
         "autoencoder": (3e-3, 1e-2, 3e-2),
         "transformer": (1e-3, 3e-3, 1e-2),
         "mnist_mlp": (1e-3, 3e-3, 1e-2),
+        "gpt": (1e-3, 3e-3, 1e-2),
     },
     LION: {
         "digits": (1e-3, 3e-3, 1e-2),
@@ -76,6 +92,7 @@ LEARNING_RATES = {
         "autoencoder": (3e-5, 1e-4, 3e-4),
         "transformer": (1e-3, 3e-3, 1e-2),
         "mnist_mlp": (1e-4, 3e-4, 1e-3),
+        "gpt": (1e-4, 3e-4, 1e-3),
     },
     SCHEDULE_FREE: {
         "digits": (1e-2, 3e-2, 1e-1),
@@ -83,14 +100,14 @@ LEARNING_RATES = {
         "autoencoder": (1e-3, 3e-3, 1e-2),
         "transformer": (1e-3, 3e-3, 1e-2),
         "mnist_mlp": (1e-3, 3e-3, 1e-2),
+        "gpt": (1e-3, 3e-3, 1e-2),
     },
-    THOR_MINDSPORE: dict.fromkeys(
-        ("digits", "resnet", "autoencoder", "transformer", "mnist_mlp"),
-        (0.03, 0.1, 0.3),
-    ),
+    # nanoGPT's own point: its rate and schedule (`gpt.NanoGPTSchedule`).
+    NANOGPT_ADAMW: {"gpt": (gpt.NANOGPT_RATE,)},
+    THOR_MINDSPORE: dict.fromkeys(TASK_NAMES + ("gpt",), (0.03, 0.1, 0.3)),
     # As shipped: the preset's own rate (`grid` adds no schedule).
     THOR_RECOMMENDED: dict.fromkeys(
-        ("digits", "resnet", "autoencoder", "transformer", "mnist_mlp"),
+        TASK_NAMES + ("gpt",),
         (keras_thor.optimizers.THOR.RECOMMENDED["learning_rate"],),
     ),
 }
@@ -130,6 +147,11 @@ class Task:
     loss: object
     load: object  # -> (x_train, y_train, evaluate(model) -> float)
     claim: bool = True  # False: a demo, no target claim
+    # A stream of fresh batches (task (f)'s windows): epoch `e` trains on
+    # examples `e·epoch_steps·batch ...` in order, `epoch_steps` steps;
+    # None: an epoch is a shuffled pass over the training set.
+    epoch_steps: int = None
+    checks: int = CHECKS_PER_EPOCH  # metric checks an epoch
 
     def round_target(self, value):
         if self.higher_is_better:
@@ -182,6 +204,23 @@ def _load_autoencoder():
 def _load_mnist_mlp():
     x_train, x_test, y_train, y_test = tasks.mnist()  # flat: (n, 784)
     return _test_accuracy(x_train, y_train, x_test, y_test)
+
+
+def _load_gpt(batch=12, budget=40, epoch_steps=100):
+    """Task (f): `budget · epoch_steps` steps of `batch` training windows
+    drawn once (`GPT_WINDOWS_SEED`, nanoGPT's uniform offsets), and the
+    validation loss on the fixed validation windows."""
+    text = shakespeare.load()
+    rng = np.random.default_rng(GPT_WINDOWS_SEED)
+    x_train, y_train = text.training_windows(
+        rng, budget * epoch_steps * batch, gpt.CONTEXT
+    )
+    x_valid, y_valid = text.validation_windows(gpt.CONTEXT)
+    return (
+        x_train,
+        y_train,
+        lambda model: tasks.validation_loss(model, x_valid, y_valid),
+    )
 
 
 def _load_transformer():
@@ -243,6 +282,21 @@ TASKS = {
         loss=tasks.LOSS,
         load=_load_transformer,
     ),
+    "gpt": Task(
+        "gpt",
+        "f",
+        "character GPT on Shakespeare (nanoGPT's CPU configuration)",
+        "validation loss",
+        False,
+        budget=40,
+        cap=1.0,
+        batch=12,
+        build=lambda: gpt.gpt(len(shakespeare.load().vocabulary)),
+        loss=gpt.LOSS,
+        load=_load_gpt,
+        epoch_steps=100,
+        checks=1,
+    ),
     "mnist_mlp": Task(
         "mnist_mlp",
         "e",
@@ -258,7 +312,9 @@ TASKS = {
     ),
 }
 MAIN_TASKS = ("resnet", "autoencoder", "transformer", "mnist_mlp")
+GPT_WINDOWS_SEED = 0  # the training windows of (f), the same for every run
 QUICK_BUDGETS = {
+    "gpt": 2,
     "digits": 4,
     "resnet": 2,
     "autoencoder": 2,
@@ -283,7 +339,7 @@ RECORDED_THOR_TUNE = pathlib.Path(__file__).with_name(
 def grid(task, name, quick=False):
     """`name`'s grid points on `task`: dicts of lr, schedule, evaluation
     point (ScheduleFreeAdamW: "y" the trained point, "x" the average)."""
-    rates = LEARNING_RATES[name][task.name]
+    rates = LEARNING_RATES[name].get(task.name, ())
     if quick:
         rates = rates[len(rates) // 2 :][:1]
     if name == SCHEDULE_FREE:
@@ -294,6 +350,8 @@ def grid(task, name, quick=False):
         ]
     if name == THOR_RECOMMENDED:
         return [dict(lr=lr, schedule="constant", at=None) for lr in rates]
+    if name == NANOGPT_ADAMW:
+        return [dict(lr=lr, schedule="nanogpt", at=None) for lr in rates]
     return [
         dict(lr=lr, schedule=schedule, at=None)
         for lr in rates
@@ -302,7 +360,14 @@ def grid(task, name, quick=False):
 
 
 def steps_per_epoch(task, x_train):
-    return -(-len(x_train) // task.batch)
+    return task.epoch_steps or -(-len(x_train) // task.batch)
+
+
+def stream_orders(task):
+    """Each epoch's examples of a stream task (`Task.epoch_steps`), in
+    order: fresh batches every epoch, never a second pass."""
+    size = task.epoch_steps * task.batch
+    return [np.arange(e * size, (e + 1) * size) for e in range(task.budget)]
 
 
 def learning_rate(point, total_steps):
@@ -324,6 +389,8 @@ def make_optimizer(name, point, task, steps):
         return keras.optimizers.SGD(rate, momentum=0.9, nesterov=True)
     if name == ADAMW:
         return keras.optimizers.AdamW(rate)
+    if name == NANOGPT_ADAMW:
+        return gpt.nanogpt_adamw(point["lr"])
     if name == MUON:
         return keras.optimizers.Muon(rate)
     if name == LION:
@@ -626,7 +693,10 @@ def run(
             stop=(point.get("at") or "y") if stop else None,
             points=points,
             cap=None if stop else task.cap,
+            checks=task.checks,
         )
+        if orders is None and task.epoch_steps:
+            orders = stream_orders(task)
         train_timed(model, task, data, tracker, orders)
         record.update(
             epochs=tracker.epochs,

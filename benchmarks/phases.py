@@ -17,8 +17,6 @@ import harness
 import keras
 import numpy as np
 import outcomes
-from harness import BASELINES
-from harness import CHECKS_PER_EPOCH
 from harness import LEARNING_RATES
 from harness import MUON
 from harness import SCHEDULE_FREE
@@ -62,7 +60,7 @@ def _tune_runs(task, data, quick):
     gives ScheduleFreeAdamW's y and x)."""
     half = task.budget / 2
     records = []
-    for name in BASELINES:
+    for name in harness.baselines(task):
         seen = set()
         for point in harness.grid(task, name, quick):
             key = (point["lr"], point["schedule"])
@@ -123,14 +121,14 @@ def tune_baselines(task, data, quick, path):
     for record in records:
         record["target"] = target
     chosen = {}
-    for name in BASELINES:
+    for name in harness.baselines(task):
         chosen[name] = best_point(task, records, target, name)
         say(f"  [{task.name}] best {name}: {_choice(chosen[name])}")
     entry = dict(
         task=task.name,
         budget=task.budget,
         batch=task.batch,
-        checks_per_epoch=CHECKS_PER_EPOCH,
+        checks_per_epoch=task.checks,
         metric=task.metric,
         higher_is_better=task.higher_is_better,
         half_budget_best=dict(
@@ -138,7 +136,10 @@ def tune_baselines(task, data, quick, path):
         ),
         target=target,
         best=chosen,
-        grids={name: LEARNING_RATES[name][task.name] for name in BASELINES},
+        grids={
+            name: LEARNING_RATES[name][task.name]
+            for name in harness.baselines(task)
+        },
         runs=records,
         keras=keras.__version__,
         written=time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -265,7 +266,7 @@ def _print_table(task, rows, target, seeds):
     say(
         f"\n({task.letter}) {task.title}: target {task.metric} "
         f"{'>=' if task.higher_is_better else '<='} {target:.6g}, batch "
-        f"{task.batch}, budget {task.budget} epochs, {CHECKS_PER_EPOCH} "
+        f"{task.batch}, budget {task.budget} epochs, {task.checks} "
         f"checks an epoch, seeds {', '.join(map(str, seeds))}"
     )
     say(
@@ -345,7 +346,7 @@ def print_report(task, rows, target, seeds, muon_note):
     best baseline (fewest median epochs, ties median seconds)."""
     _print_table(task, rows, target, seeds)
     _print_notes(rows, muon_note)
-    baselines = {n: r for n, r in rows.items() if n in BASELINES}
+    baselines = {n: r for n, r in rows.items() if n in harness.baselines(task)}
     if not baselines:
         return {}
     best = min(

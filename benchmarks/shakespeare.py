@@ -25,6 +25,7 @@ Notation:
     - `context`: the characters a window predicts from (64 for (f)).
 """
 
+import functools
 import importlib.metadata
 import pathlib
 import re
@@ -166,6 +167,8 @@ def _windows(ids, offsets, context):
     return windows[:, :-1], windows[:, 1:]
 
 
+@functools.cache
 def load(folder=None):
-    """The `CharacterText` of the 38 plays."""
+    """The `CharacterText` of the 38 plays (read once per folder; do not
+    modify its arrays)."""
     return CharacterText(play_texts(folder))

@@ -417,6 +417,18 @@ def test_accuracy(model, x_statistics, x_test, y_test):
     return float(np.mean(np.argmax(logits, axis=1) == y_test))
 
 
+def validation_loss(model, x_valid, y_valid):
+    """Mean next-token cross-entropy (nats) over every position of every
+    validation window."""
+    logits = _predict(model, x_valid, batch=len(x_valid)).astype("float64")
+    if not np.all(np.isfinite(logits)):
+        return float("nan")
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_norm = np.log(np.exp(shifted).sum(axis=-1))
+    picked = np.take_along_axis(shifted, y_valid[..., None], axis=-1)[..., 0]
+    return float(np.mean(log_norm - picked))
+
+
 def reconstruction_error(model, pixels):
     """Mean squared error of sigmoid(output) against the pixels, over all
     pixels of all images in `pixels`."""
