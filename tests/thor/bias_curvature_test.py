@@ -55,11 +55,14 @@ def _reference_bias_step(per_example, damping):
 
 
 def _one_step(model, **options):
+    return _one_step_on(model, *_data(), **options)
+
+
+def _one_step_on(model, x, y, **options):
     model.compile(
         optimizer=THOR(0.1, damping=0.05, momentum=0.9, frequency=2, **options),
         loss=LOSS,
     )
-    x, y = _data()
     before = {v.path: v.numpy().astype(np.float64) for v in model.weights}
     gradients = helpers.per_example_gradients(model, PER_EXAMPLE, x, y)
     history = model.fit(x, y, batch_size=EXAMPLES, shuffle=False, verbose=0)
@@ -84,6 +87,33 @@ def test_one_step_of_the_biases_matches_numpy(rule):
     expected = preconditioned if rule == "all" else plain
     np.testing.assert_allclose(
         steps["logits/bias"], -0.1 * expected, rtol=1e-4, atol=1e-7
+    )
+
+
+@thor_training
+def test_a_per_position_loss_divides_the_bias_factor_by_its_terms():
+    """Logits at every position (`M = N·L` loss terms): `S` the gradients
+    of each example's summed terms, `G_b = SᵀS / (N·L)`, `g = ΣS / (N·L)`."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((POSITIONS, FEATURES))
+    x = keras.layers.EinsumDense(
+        "btf,fu->btu", (POSITIONS, 4), bias_axes="u", name="sequence"
+    )(inputs)
+    outputs = keras.layers.Dense(3, name="logits")(keras.ops.tanh(x))
+    model = keras_thor.convert_to_thor_model(keras.Model(inputs, outputs))
+    x, _ = _data()
+    y = np.random.default_rng(2).integers(0, 3, (EXAMPLES, POSITIONS))
+    steps, gradients, _ = _one_step_on(
+        model, x, y, precondition_biases="shared"
+    )
+    per_example = gradients["sequence/bias"]
+    terms = EXAMPLES * POSITIONS
+    gradient = per_example.sum(axis=0) / terms
+    root = math.sqrt(0.05)
+    g_b = per_example.T @ per_example / terms
+    expected = gradient @ np.linalg.inv(g_b + root * np.eye(4)) / (1 + root)
+    np.testing.assert_allclose(
+        steps["sequence/bias"], -0.1 * expected, rtol=1e-4, atol=1e-7
     )
 
 

@@ -58,11 +58,15 @@ class KroneckerBlock:
         factored: Whether the factored order exists for this block.
         convolutional: Whether its statistics take one row per output
             position of each example (`conv_statistics_rows`).
+        rows_are_examples: Whether its statistics take one row per example
+            (whose count of loss terms they then need:
+            `statistics(..., terms_per_example)`).
     """
 
     a_is_diagonal = False
     factored = False
     convolutional = False
+    rows_are_examples = False
 
     def __init__(self, layer, kernel, groups, a_dim, g_dim):
         self.layer = layer
@@ -307,15 +311,19 @@ class TiedEmbeddingKronecker(KroneckerBlock):
 
 class BiasKronecker(KroneckerBlock):
     """A layer's bias as K-FAC's homogeneous input coordinate (opt-in:
-    `THOR(precondition_biases=...)`): `A = 1`, `G_b = SᵀS / N`, so the
+    `THOR(precondition_biases=...)`): `A = 1`, `G_b = SᵀS / M`, so the
     step is `(1 + √λ)⁻¹ · g · (G_b + √λ·I)⁻¹`.
 
     `S` `(N, units)` holds each example's output-gradient rows `D` summed
     over the positions the bias is shared by (sequence positions, a
     convolution's output pixels, the axes an EinsumDense bias is broadcast
-    over): the per-example bias gradients. Summing before the outer
-    product (K-FAC-reduce's `G`) keeps what a per-row average loses: a
-    bias added at every position moves all of them together.
+    over): the per-example bias gradients of the example's loss terms
+    summed. Summing before the outer product (K-FAC-reduce's `G`) keeps
+    what a per-row average loses: a bias added at every position moves all
+    of them together. `M = N·L` counts the loss terms (`L` an example, 1
+    for a per-example loss): the sum of an example's `L` terms has `L`
+    times a term's second moment when its terms are uncorrelated, so `/M`
+    is the per-term Fisher every other block estimates.
 
     Attributes:
         shared: Whether the bias is added at several positions of each
@@ -323,13 +331,14 @@ class BiasKronecker(KroneckerBlock):
     """
 
     a_is_diagonal = True
+    rows_are_examples = True
 
     def __init__(self, layer, bias, data_format, shared):
         self.data_format = data_format
         self.shared = shared
         super().__init__(layer, bias, 1, 1, math.prod(bias.shape))
 
-    def statistics(self, inputs, sample_output_grads):
+    def statistics(self, inputs, sample_output_grads, terms_per_example=1):
         grads = _channels_last(
             ops.cast(sample_output_grads, "float32"), self.data_format
         )
@@ -340,11 +349,11 @@ class BiasKronecker(KroneckerBlock):
         shared = [1 + i for i, size in enumerate(bias_shape) if size == 1]
         sums = ops.sum(grads, axis=shared) if shared else grads
         sums = ops.reshape(sums, (-1, self.g_dim))
-        examples = ops.cast(ops.shape(sums)[0], "float32")
+        terms = ops.cast(ops.shape(sums)[0] * terms_per_example, "float32")
         return (
-            ops.reshape(examples, (1,)),
+            ops.reshape(terms, (1,)),
             ops.matmul(ops.transpose(sums), sums)[None],
-            examples,
+            terms,
             1.0,
         )
 

@@ -233,12 +233,14 @@ class CurvatureEstimator:
             logs.update(state.training_logs())
         return logs
 
-    def gather(self, calls, output_grads, sample_scale):
+    def gather(self, calls, output_grads, sample_scale, terms_per_example=1):
         """The factors `{variable index: (A, G, c)}` over the global batch.
 
         `calls` are the recorded block calls, `output_grads` the gradients
         at their outputs (`None`: skipped) and `sample_scale` turns those
-        into per-sample gradients. Sums are all-reduced across replicas,
+        into per-sample gradients, one per loss term; `terms_per_example`
+        (`loss_terms`) is what a block with one row per example divides
+        by besides its examples. Sums are all-reduced across replicas,
         one collective per bucket, then divided by the global row count.
         Several calls of one layer pool their rows. With
         `statistics_rows` (`conv_statistics_rows` for a convolution), each
@@ -258,9 +260,14 @@ class CurvatureEstimator:
                 inputs, sample_grads = _first_examples(
                     (inputs, sample_grads), examples
                 )
-            a_sum, g_sum, rows, factor_scale = self._blocks[index].statistics(
-                inputs, sample_grads
-            )
+            block = self._blocks[index]
+            if block.rows_are_examples:
+                statistics = block.statistics(
+                    inputs, sample_grads, terms_per_example
+                )
+            else:
+                statistics = block.statistics(inputs, sample_grads)
+            a_sum, g_sum, rows, factor_scale = statistics
             if index in sums:
                 previous = sums[index]
                 a_sum, g_sum = a_sum + previous[0], g_sum + previous[1]

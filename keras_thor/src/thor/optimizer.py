@@ -72,9 +72,10 @@ class THOR(
         - `c`: `√T` for a convolution with `T` output positions, else 1;
           `π`: 1 (MindSpore), or with `damping_split="pi"` K-FAC's
           `sqrt((tr A / d_A) / (tr G / d_G))`.
-        - `G_b⁻¹`: blocks of `(G_b + √λ_t/π·I)⁻¹`, `G_b = SᵀS / N` with `S`
+        - `G_b⁻¹`: blocks of `(G_b + √λ_t/π·I)⁻¹`, `G_b = SᵀS / M` with `S`
           the per-example bias gradients (output gradients `D` summed
-          over the positions the bias is shared by).
+          over the positions the bias is shared by) and `M` the loss
+          terms (`N`, times the positions of a per-position loss).
         - `λ_t`, `lr_t`: the damping and learning rate of step `t`;
           `N`: `batch_size`; blocks are `split_dim` wide.
         - `ν`: the step-size guard, 1 unless `kl_clip` is set:

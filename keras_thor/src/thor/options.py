@@ -77,9 +77,11 @@ CURVATURE_OPTION_ARGS = """split_indices: Sorted layer indices after which the
             gradient), `"shared"` or `"all"`: precondition the biases of
             layers with Kronecker curvature as K-FAC's homogeneous
             coordinate, `(1 + √λ)⁻¹ · g_b · (G_b + √λ·I)⁻¹`, where
-            `G_b = SᵀS / N` is the second moment of the per-example bias
+            `G_b = SᵀS / M` is the second moment of the per-example bias
             gradients `S` (the output gradients summed over the positions
-            the bias is shared by). `"shared"` does it only for biases
+            the bias is shared by) per loss term (`M` terms: the
+            examples, times the positions of a per-position loss).
+            `"shared"` does it only for biases
             added at several positions of each example (convolutions,
             Dense and EinsumDense layers on sequences), `"all"` for every
             such layer's bias. `"joint"`: every K-FAC peer's rule, the

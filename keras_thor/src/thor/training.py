@@ -146,15 +146,12 @@ def train_step(model, data, statistics, invert, update=True):
         )
         loss_scale = ops.cast(model.optimizer.scale_loss(1.0), "float32")
         if statistics:
-            terms = (
-                batch_examples(x)
-                * replicas.replica_count()
-                * terms_per_example(forward.y_pred)
-            )
-            sample_scale = ops.cast(terms, "float32") / loss_scale
+            terms = terms_per_example(forward.y_pred)
+            examples = batch_examples(x) * replicas.replica_count()
+            sample_scale = ops.cast(examples * terms, "float32") / loss_scale
             estimator.refresh(
                 estimator.gather(
-                    forward.calls, forward.fisher_grads, sample_scale
+                    forward.calls, forward.fisher_grads, sample_scale, terms
                 ),
                 thor.current_damping(),
                 invert,
