@@ -11,14 +11,19 @@ what the factors were when THOR scaled output gradients by the examples
 `--part runs`: the validation loss every `--every` steps of nanoGPT's
 AdamW, `THOR.recommended()`, and THOR with the tied table first-order
 (a `ReversibleEmbedding` subclass that overrides `call`), on the same
-windows (seed 0, one process, in turn).
+windows (seed 0, one process, in turn); with `--thor-options`, instead
+`THOR.recommended(**options)` for each JSON dict given, after the preset.
 
     KERAS_BACKEND=jax python benchmarks/thor_gpt_diagnosis.py --part scales
     KERAS_BACKEND=jax python benchmarks/thor_gpt_diagnosis.py --part runs \\
         --steps 1000
+    KERAS_BACKEND=jax python benchmarks/thor_gpt_diagnosis.py --part runs \\
+        --steps 500 --thor-options '{"statistics_rows": 3}' \\
+        '{"statistics_frequency": 5}' '{"kl_clip": null}'
 """
 
 import argparse
+import json
 import os
 import time
 
@@ -122,16 +127,29 @@ def scales(text):
         )
 
 
-def runs(text, steps, every):
+def _thor(vocabulary, **options):
+    return (
+        lambda: keras_thor.convert_to_thor_model(_model(vocabulary)),
+        lambda: keras_thor.optimizers.THOR.recommended(
+            batch_size=BATCH, **options
+        ),
+    )
+
+
+def runs(text, steps, every, thor_options=None):
     x, y = _windows(text, steps)
     x_valid, y_valid = text.validation_windows(gpt.CONTEXT)
     vocabulary = len(text.vocabulary)
+    if thor_options:
+        settings = {"THOR.recommended()": _thor(vocabulary)}
+        for options in thor_options:
+            settings[f"THOR.recommended(**{options})"] = _thor(
+                vocabulary, **options
+            )
+        return _run_settings(settings, x, y, x_valid, y_valid, every)
     settings = {
         "AdamW (nanoGPT)": (lambda: _model(vocabulary), gpt.nanogpt_adamw),
-        "THOR.recommended()": (
-            lambda: keras_thor.convert_to_thor_model(_model(vocabulary)),
-            lambda: keras_thor.optimizers.THOR.recommended(batch_size=BATCH),
-        ),
+        "THOR.recommended()": _thor(vocabulary),
         "THOR, table first-order": (
             lambda: keras_thor.convert_to_thor_model(
                 _model(vocabulary, first_order_table=True)
@@ -139,6 +157,10 @@ def runs(text, steps, every):
             lambda: keras_thor.optimizers.THOR.recommended(batch_size=BATCH),
         ),
     }
+    _run_settings(settings, x, y, x_valid, y_valid, every)
+
+
+def _run_settings(settings, x, y, x_valid, y_valid, every):
     for name, (build, make) in settings.items():
         model = build()
         model.compile(optimizer=make(), loss=gpt.LOSS)
@@ -165,13 +187,19 @@ def main():
     parser.add_argument("--part", choices=("scales", "runs"), required=True)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--every", type=int, default=250)
+    parser.add_argument(
+        "--thor-options",
+        nargs="+",
+        type=json.loads,
+        help="JSON dicts of THOR.recommended() options, one run each",
+    )
     args = parser.parse_args()
     text = shakespeare.load()
     say(f"keras {keras.__version__}, backend {keras.backend.backend()}")
     if args.part == "scales":
         scales(text)
     else:
-        runs(text, args.steps, args.every)
+        runs(text, args.steps, args.every, args.thor_options)
 
 
 if __name__ == "__main__":
