@@ -35,6 +35,7 @@ LAYER_NORM_EPSILON = 1e-5
 
 # nanoGPT's train_shakespeare_char.py: its schedule and AdamW.
 NANOGPT_RATE = 1e-3
+NANOGPT_BATCH = 12  # sequences a step
 NANOGPT_WARMUP_STEPS = 100
 NANOGPT_DECAY_STEPS = 2000
 NANOGPT_MIN_RATE = 1e-4
@@ -168,13 +169,22 @@ class NanoGPTSchedule(keras.optimizers.schedules.LearningRateSchedule):
         )
 
 
-def nanogpt_adamw(rate=NANOGPT_RATE):
+def nanogpt_adamw(rate=NANOGPT_RATE, batch=NANOGPT_BATCH):
     """AdamW as nanoGPT trains task (f)'s model (the module docstring);
     `rate` the peak rate (the schedule's minimum stays `rate / 10`). No
     decay on LayerNormalization scales and offsets and on biases, nanoGPT's
-    "every weight with fewer than two axes" for Keras's layers."""
+    "every weight with fewer than two axes" for Keras's layers. At another
+    `batch` the warm-up and decay lengths keep their sequences: steps
+    times `NANOGPT_BATCH / batch`."""
+    scale = NANOGPT_BATCH / batch
+    schedule = NanoGPTSchedule(
+        rate,
+        warmup_steps=round(NANOGPT_WARMUP_STEPS * scale),
+        decay_steps=round(NANOGPT_DECAY_STEPS * scale),
+        min_rate=rate * NANOGPT_MIN_RATE / NANOGPT_RATE,
+    )
     optimizer = keras.optimizers.AdamW(
-        NanoGPTSchedule(rate, min_rate=rate * NANOGPT_MIN_RATE / NANOGPT_RATE),
+        schedule,
         beta_1=NANOGPT_BETAS[0],
         beta_2=NANOGPT_BETAS[1],
         weight_decay=NANOGPT_WEIGHT_DECAY,
@@ -187,12 +197,20 @@ def nanogpt_adamw(rate=NANOGPT_RATE):
 
 def generate(model, prompt_ids, length, seed, temperature=1.0):
     """`length` characters sampled after `prompt_ids` (a 1-D sequence),
-    the model seeing the last `CONTEXT`; the sampled ids."""
+    the model seeing the last `CONTEXT`; the sampled ids.
+
+    The window is always `CONTEXT` long (padded on the right, which a
+    causal model does not see from earlier positions), so the model is
+    traced once."""
     generator = keras.random.SeedGenerator(seed)
     ids = list(prompt_ids)
     for _ in range(length):
-        window = ops.convert_to_tensor([ids[-CONTEXT:]], dtype="int32")
-        logits = model(window, training=False)[:, -1] / temperature
+        window = ids[-CONTEXT:]
+        padded = window + [0] * (CONTEXT - len(window))
+        logits = model(
+            ops.convert_to_tensor([padded], dtype="int32"), training=False
+        )
+        logits = logits[:, len(window) - 1] / temperature
         ids.append(
             int(
                 ops.convert_to_numpy(

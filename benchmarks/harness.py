@@ -152,6 +152,9 @@ class Task:
     # None: an epoch is a shuffled pass over the training set.
     epoch_steps: int = None
     checks: int = CHECKS_PER_EPOCH  # metric checks an epoch
+    # (model) -> str: what a run that stops at the target records of the
+    # trained model (task (f): a sample of generated text); None: nothing.
+    sample: object = None
 
     def round_target(self, value):
         if self.higher_is_better:
@@ -206,21 +209,39 @@ def _load_mnist_mlp():
     return _test_accuracy(x_train, y_train, x_test, y_test)
 
 
-def _load_gpt(batch=12, budget=40, epoch_steps=100):
-    """Task (f): `budget · epoch_steps` steps of `batch` training windows
-    drawn once (`GPT_WINDOWS_SEED`, nanoGPT's uniform offsets), and the
-    validation loss on the fixed validation windows."""
+def load_gpt(windows=None):
+    """Task (f): `windows` training windows (default: the task's budget,
+    `budget · epoch_steps · batch`) drawn once (`GPT_WINDOWS_SEED`,
+    nanoGPT's uniform offsets), and the validation loss on the fixed
+    validation windows."""
+    if windows is None:
+        task = TASKS["gpt"]
+        windows = task.budget * task.epoch_steps * task.batch
     text = shakespeare.load()
     rng = np.random.default_rng(GPT_WINDOWS_SEED)
-    x_train, y_train = text.training_windows(
-        rng, budget * epoch_steps * batch, gpt.CONTEXT
-    )
+    x_train, y_train = text.training_windows(rng, windows, gpt.CONTEXT)
     x_valid, y_valid = text.validation_windows(gpt.CONTEXT)
     return (
         x_train,
         y_train,
         lambda model: tasks.validation_loss(model, x_valid, y_valid),
     )
+
+
+SAMPLE_CHARACTERS = 300
+SAMPLE_TEMPERATURE = 0.8  # nanoGPT's sample.py
+SAMPLE_SEED = 0
+
+
+def gpt_sample(model):
+    """(f): `SAMPLE_CHARACTERS` characters after a newline, sampled as
+    nanoGPT's sample.py does (temperature 0.8), seed 0."""
+    text = shakespeare.load()
+    prompt = [text.vocabulary.index("\n")]
+    ids = gpt.generate(
+        model, prompt, SAMPLE_CHARACTERS, SAMPLE_SEED, SAMPLE_TEMPERATURE
+    )
+    return text.decode(ids)
 
 
 def _load_transformer():
@@ -293,9 +314,10 @@ TASKS = {
         batch=12,
         build=lambda: gpt.gpt(len(shakespeare.load().vocabulary)),
         loss=gpt.LOSS,
-        load=_load_gpt,
+        load=load_gpt,
         epoch_steps=100,
         checks=1,
+        sample=gpt_sample,
     ),
     "mnist_mlp": Task(
         "mnist_mlp",
@@ -390,7 +412,7 @@ def make_optimizer(name, point, task, steps):
     if name == ADAMW:
         return keras.optimizers.AdamW(rate)
     if name == NANOGPT_ADAMW:
-        return gpt.nanogpt_adamw(point["lr"])
+        return gpt.nanogpt_adamw(point["lr"], batch=task.batch)
     if name == MUON:
         return keras.optimizers.Muon(rate)
     if name == LION:
@@ -709,6 +731,8 @@ def run(
         troubles = getattr(model.optimizer, "curvature_troubles", None)
         if troubles is not None:
             record["curvature_troubles"] = troubles
+        if stop and task.sample is not None:
+            record["sample"] = task.sample(model)
     except Exception as error:  # noqa: BLE001  (never crash the benchmark)
         traceback.print_exc()
         record["error"] = f"{type(error).__name__}: {error}"

@@ -208,6 +208,8 @@ def report(task, data, chosen, target, seeds):
                 f"seed {seed}: {_summary(task, record)}; "
                 f"{record['wall_seconds']:.0f} s wall"
             )
+            if "sample" in record:
+                say("    " + record["sample"].replace("\n", "\n    "))
     rows = {}
     for name, records in runs.items():
         got = [outcomes.outcome(r, task.higher_is_better) for r in records]

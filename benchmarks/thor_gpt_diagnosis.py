@@ -127,9 +127,11 @@ def scales(text):
         )
 
 
-def _thor(vocabulary, **options):
+def _thor(vocabulary, first_order_table=False, **options):
     return (
-        lambda: keras_thor.convert_to_thor_model(_model(vocabulary)),
+        lambda: keras_thor.convert_to_thor_model(
+            _model(vocabulary, first_order_table)
+        ),
         lambda: keras_thor.optimizers.THOR.recommended(
             batch_size=BATCH, **options
         ),
@@ -150,12 +152,7 @@ def runs(text, steps, every, thor_options=None):
     settings = {
         "AdamW (nanoGPT)": (lambda: _model(vocabulary), gpt.nanogpt_adamw),
         "THOR.recommended()": _thor(vocabulary),
-        "THOR, table first-order": (
-            lambda: keras_thor.convert_to_thor_model(
-                _model(vocabulary, first_order_table=True)
-            ),
-            lambda: keras_thor.optimizers.THOR.recommended(batch_size=BATCH),
-        ),
+        "THOR, table first-order": _thor(vocabulary, first_order_table=True),
     }
     _run_settings(settings, x, y, x_valid, y_valid, every)
 

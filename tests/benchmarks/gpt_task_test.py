@@ -93,3 +93,18 @@ def test_every_epoch_of_the_stream_trains_on_fresh_windows():
     joined = np.concatenate(orders)
     np.testing.assert_array_equal(joined, np.arange(len(joined)))
     assert len(joined) == task.budget * task.epoch_steps * task.batch
+
+
+def test_text_sample_is_seeded_and_reads_the_last_real_position():
+    model = gpt.gpt(80, blocks=1, seed=0)
+    window = np.random.default_rng(2).integers(0, 80, (1, 10))
+    padded = np.pad(window, ((0, 0), (0, gpt.CONTEXT - 10)))
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(model(padded))[:, 9],
+        keras.ops.convert_to_numpy(model(window))[:, -1],
+        atol=1e-5,
+    )
+    first = harness.gpt_sample(model)
+    assert len(first) == harness.SAMPLE_CHARACTERS
+    assert first == harness.gpt_sample(model)
+    tasks.release(model)
