@@ -1,18 +1,20 @@
 """THOR's sensitivity to learning rate and damping, with and without the guard.
 
 For each task of benchmark 1 (`tasks.py`: (b) the MNIST ResNet, (c) the
-deep autoencoder, (d) the marker-order transformer, (e) the MNIST MLP), a
-3x3 grid of learning rate x damping around `THOR.recommended()` (x1/3, x1,
-x3 each), trained for a short budget on the held-out seed 0, once with the
-recommended setting and once without its step-size guard
-(`kl_clip=None`). A run diverges when its final training loss (over the
-whole training set, at the end, with BatchNormalization's statistics
-recomputed over the training images) is not below the initial one (the
-same measure before the first step), or is not finite. Prints a table
-per task and the count of runs that diverged.
+deep autoencoder, (d) the marker-order transformer, (e) the MNIST MLP;
+(f) nanoGPT's character GPT, `gpt.py`, batch 12, an "epoch" 100 fresh
+steps of its windows), a 3x3 grid of learning rate x damping around
+`THOR.recommended()` (x1/3, x1, x3 each), trained for a short budget on
+the held-out seed 0, once with the recommended setting and once without
+its step-size guard (`kl_clip=None`). A run diverges when its final
+training loss (over the whole training set, at the end, with
+BatchNormalization's statistics recomputed over the training images;
+(f): its validation loss, the training windows being a stream) is not
+below the initial one (the same measure before the first step), or is
+not finite. Prints a table per task and the count of runs that diverged.
 
     python benchmarks/thor_sensitivity.py [--tasks resnet autoencoder
-        transformer mnist_mlp] [--settings recommended unguarded]
+        transformer mnist_mlp gpt] [--settings recommended unguarded]
         [--epochs 2] [--seed 0] [--options JSON]
 
 `--options` are more `THOR.recommended()` overrides for every run, e.g.
@@ -25,20 +27,62 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import gpt  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import shakespeare  # noqa: E402
 import tasks  # noqa: E402
 
 import keras_thor  # noqa: E402
 
 BATCH = 128
-TASKS = ("resnet", "autoencoder", "transformer", "mnist_mlp")
+GPT_BATCH = 12
+GPT_EPOCH_STEPS = 100
+TASKS = ("resnet", "autoencoder", "transformer", "mnist_mlp", "gpt")
+DEFAULT_TASKS = TASKS[:-1]  # (f) on request (`--tasks gpt`): the longest
 SCALES = (1 / 3, 1.0, 3.0)
 
 
-def task_setup(name):
-    """`(model, loss, x, y, metric)` of a task; `metric(model)` is its
-    benchmark metric (test accuracy, or training reconstruction error)."""
+def batch_size(name):
+    return GPT_BATCH if name == "gpt" else BATCH
+
+
+def _gpt_setup(epochs):
+    """(f): `epochs · 100` steps of fresh windows (seed 0, as the
+    benchmark's), trained in one pass; the divergence measure is the
+    validation loss."""
+    text = shakespeare.load()
+    x, y = text.training_windows(
+        np.random.default_rng(0),
+        epochs * GPT_EPOCH_STEPS * GPT_BATCH,
+        gpt.CONTEXT,
+    )
+    x_valid, y_valid = text.validation_windows(gpt.CONTEXT)
+
+    def validation_loss(model):
+        return tasks.validation_loss(model, x_valid, y_valid)
+
+    return (
+        gpt.gpt(len(text.vocabulary)),
+        gpt.LOSS,
+        x,
+        y,
+        validation_loss,
+        lambda model, _loss, _x, _y: validation_loss(model),
+    )
+
+
+def task_setup(name, epochs):
+    """`(model, loss, x, y, metric, divergence_loss)` of a task;
+    `metric(model)` is its benchmark metric (test accuracy, training
+    reconstruction error, validation loss), `divergence_loss(model, loss,
+    x, y)` what a run must lower."""
+    if name == "gpt":
+        return _gpt_setup(epochs)
+    return (*_setup(name), training_loss)
+
+
+def _setup(name):
     if name == "resnet":
         x, x_test, y, y_test = tasks.mnist()
         x, x_test = x.reshape(-1, 28, 28, 1), x_test.reshape(-1, 28, 28, 1)
@@ -111,21 +155,23 @@ def training_loss(model, loss, x, y):
 
 def run(name, guarded, learning_rate, damping, epochs, seed, options):
     keras.utils.set_random_seed(seed)
-    model, loss, x, y, metric = task_setup(name)
+    model, loss, x, y, metric, divergence_loss = task_setup(name, epochs)
     model = keras_thor.convert_to_thor_model(model)
+    batch = batch_size(name)
     overrides = dict(options) if guarded else {**options, "kl_clip": None}
     model.compile(
         optimizer=keras_thor.optimizers.THOR.recommended(
             learning_rate=learning_rate,
             damping=damping,
-            batch_size=BATCH,
+            batch_size=batch,
             **overrides,
         ),
         loss=loss,
     )
-    initial = training_loss(model, loss, x, y)
-    model.fit(x, y, batch_size=BATCH, epochs=epochs, verbose=0)
-    final = training_loss(model, loss, x, y)
+    initial = divergence_loss(model, loss, x, y)
+    passes = 1 if name == "gpt" else epochs  # (f): a stream, one pass
+    model.fit(x, y, batch_size=batch, epochs=passes, verbose=0)
+    final = divergence_loss(model, loss, x, y)
     diverged = not (np.isfinite(final) and final < initial)
     return initial, final, metric(model), diverged
 
@@ -133,7 +179,7 @@ def run(name, guarded, learning_rate, damping, epochs, seed, options):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--tasks", nargs="+", default=list(TASKS), choices=TASKS
+        "--tasks", nargs="+", default=list(DEFAULT_TASKS), choices=TASKS
     )
     parser.add_argument(
         "--settings",
@@ -150,7 +196,8 @@ def main():
     centre = keras_thor.optimizers.THOR.RECOMMENDED
     for name in args.tasks:
         print(
-            f"\n{name}: {args.epochs} epochs, seed {args.seed}, batch {BATCH}"
+            f"\n{name}: {args.epochs} epochs, seed {args.seed}, batch "
+            f"{batch_size(name)}"
         )
         print(
             f"{'setting':<22}{'lr':>7}{'damping':>9}{'initial':>10}"
