@@ -54,6 +54,7 @@ QUARTER = "a quarter of the batch"  # resolved per task: batch // 4
 # One setting changed from the preset each (stage 1).
 CHANGES = {
     "statistics_rows=batch/4": {"statistics_rows": QUARTER},
+    'statistics_rows="width"': {"statistics_rows": "width"},
     # Statistics every other step: `frequency` must be a multiple of 2.
     "statistics_frequency=2, frequency=10": {
         "statistics_frequency": 2,

@@ -474,6 +474,16 @@ BAD_OPTIONS = [
     ),
     ({"statistics_rows": 8.0}, TypeError, "`statistics_rows` must be an"),
     (
+        {"statistics_rows": "auto"},
+        ValueError,
+        '`statistics_rows` must be None, an integer >= 1 or "width"',
+    ),
+    (
+        {"conv_statistics_rows": "width"},
+        TypeError,
+        "`conv_statistics_rows` must be an integer",
+    ),
+    (
         {"kl_clip_mode": "step"},
         ValueError,
         r"must be one of \('direction', 'velocity'\).*kl_clip_mode='step'",
@@ -525,6 +535,8 @@ def test_good_options_are_kept_and_in_the_config():
         "kl_clip_mode": "velocity",
     }
     assert THOR.from_config(config).get_config() == config
+    width = THOR(**GOOD, statistics_rows="width").get_config()
+    assert THOR.from_config(width).statistics_rows == "width"
     assert THOR(**GOOD, statistics_frequency=4).statistics_period == 4
     assert THOR(**GOOD).statistics_period == 4
 

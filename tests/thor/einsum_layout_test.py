@@ -169,3 +169,16 @@ def test_rows_with_an_unknown_batch_size():
         atol=1e-5,
     )
     assert math.prod(layout.dims((4, 2, 3))) == 24
+
+
+@pytest.mark.parametrize("equation, output_shape, input_shape", EQUATIONS)
+def test_rows_per_example_are_the_output_rows_of_one_example(
+    equation, output_shape, input_shape
+):
+    layer, x, y = _layer(equation, output_shape, input_shape)
+    layout = layouts.einsum_layout(equation, len(x.shape))
+    rows = layout.output_rows(keras.ops.convert_to_tensor(y))
+    assert layout.rows_per_example(y.shape) * x.shape[0] == rows.shape[0]
+    unknown = (None,) * len(y.shape)
+    later_batch_letters = len(layout.batch) > 1
+    assert (layout.rows_per_example(unknown) is None) == later_batch_letters

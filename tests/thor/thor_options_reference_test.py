@@ -331,6 +331,70 @@ def test_conv_statistics_rows_cut_only_the_convolutions():
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
+def _first_step_inverses(specs, shape, x, y, batch, **options):
+    """Each block's `(A⁻¹, G⁻¹)` after one refresh step on `batch`
+    examples, by layer name."""
+    keras.utils.set_random_seed(0)
+    model = keras_models.keras_model(specs, shape)
+    model.compile(
+        optimizer=keras_thor.optimizers.THOR(frequency=2, **options, **HYPER),
+        loss=keras_models.loss_object("ce"),
+    )
+    model.train_on_batch(x[:batch], y[:batch])
+    thor = model.optimizer
+    return {
+        block.layer.name: [
+            getattr(thor.state_for(block.kernel), part)
+            for part in ("a_inverse", "g_inverse")
+        ]
+        for block in thor.curvature_blocks.values()
+    }
+
+
+def test_statistics_rows_width_cut_each_layer_at_its_widest_factor():
+    """One refresh step on 16 examples with `statistics_rows="width"`:
+    each layer's inverses are those of the whole of its first
+    `⌈max(d_A, d_G) / rows per example⌉` examples: the embedding's (11
+    ids, width 6, 5 positions) ⌈11/5⌉ = 3, the Dense layer's on the
+    positions (6 -> 6) ⌈6/5⌉ = 2, the head's (6 -> 3, one row an example)
+    6."""
+    specs, shape, _, x, y = _data("encoder", "ce")
+    cut = _first_step_inverses(specs, shape, x, y, 16, statistics_rows="width")
+    examples = (3, 2, 6)
+    assert len(cut) == len(examples)
+    for (name, got), count in zip(cut.items(), examples):
+        expected = _first_step_inverses(specs, shape, x, y, count)[name]
+        for part, reference_part in zip(got, expected):
+            np.testing.assert_allclose(
+                part, reference_part, rtol=1e-5, atol=1e-6
+            )
+
+
+@pytest.mark.parametrize(
+    "data_format, output_shape, examples",
+    [
+        # 3·3·2 = 18 patch values against 20 and 4 output pixels.
+        ("channels_last", (16, 5, 4, 3), 1),
+        ("channels_last", (16, 2, 2, 3), 5),
+        ("channels_first", (16, 3, 2, 2), 5),
+        ("channels_last", (None, None, None, 3), None),  # the whole batch
+    ],
+)
+def test_a_convolutions_rows_per_example_are_its_output_pixels(
+    data_format, output_shape, examples
+):
+    inputs = (2, 5, 4) if data_format == "channels_first" else (5, 4, 2)
+    conv = keras.layers.Conv2D(3, 3, padding="same", data_format=data_format)
+    model = keras_thor.convert_to_thor_model(
+        keras.Sequential([keras.Input(inputs), conv])
+    )
+    thor = keras_thor.optimizers.THOR(**HYPER)
+    thor.build(model.trainable_variables)
+    (block,) = thor.curvature_blocks.values()
+    grads = keras.KerasTensor(output_shape)
+    assert block.examples_for_width(grads) == examples
+
+
 def _backend_draws(kind, output_width):
     """The sampled Fisher's draws for step `t` on one device: seed
     `(t, 0)`, with the backend's own generator, as

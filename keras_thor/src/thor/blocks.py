@@ -43,6 +43,13 @@ def _channels_last(tensor, data_format):
     return tensor
 
 
+def _static_product(sizes):
+    """The product of `sizes`, None if one is unknown."""
+    if any(size is None for size in sizes):
+        return None
+    return math.prod(sizes)
+
+
 class KroneckerBlock:
     """A kernel preconditioned by Kronecker factors `A_j ⊗ G_j`.
 
@@ -74,6 +81,22 @@ class KroneckerBlock:
         self.groups = groups
         self.a_dim = a_dim
         self.g_dim = g_dim
+
+    def rows_per_example(self, sample_output_grads):
+        """The statistics' rows one example gives (its output positions:
+        the axes between the batch and the features), None if a size is
+        unknown when traced."""
+        return _static_product(sample_output_grads.shape[1:-1])
+
+    def examples_for_width(self, sample_output_grads):
+        """The fewest examples whose rows reach the widest factor,
+        `⌈max(a_dim, g_dim) / rows per example⌉`
+        (`statistics_rows="width"`); None (the whole batch) if the rows per
+        example are unknown."""
+        rows = self.rows_per_example(sample_output_grads)
+        if rows is None:
+            return None
+        return max(1, math.ceil(max(self.a_dim, self.g_dim) / rows))
 
     def a_split_dim(self, split_dim):
         """The block size `A` is cut at: `split_dim` (a joint bias block's
@@ -179,6 +202,9 @@ class EinsumDenseKronecker(KroneckerBlock):
         )
         return a_sum[None], g_sum[None], rows, 1.0
 
+    def rows_per_example(self, sample_output_grads):
+        return self.layout.rows_per_example(sample_output_grads.shape)
+
     def to_matrices(self, gradient):
         return self.layout.kernel_matrix(gradient)[None]
 
@@ -227,6 +253,12 @@ class ConvKronecker(KroneckerBlock):
             bias_row,
         )
         return a_sums, g_sums, rows, conv_factor_scale(grads)
+
+    def rows_per_example(self, sample_output_grads):
+        shape = sample_output_grads.shape
+        if self.options["data_format"] == "channels_first":
+            return _static_product(shape[2:])
+        return _static_product(shape[1:-1])
 
     def to_matrices(self, gradient):
         return grouped_kernel_matrices(gradient, self.groups, self.depthwise)
@@ -356,6 +388,9 @@ class BiasKronecker(KroneckerBlock):
             terms,
             1.0,
         )
+
+    def rows_per_example(self, sample_output_grads):
+        return 1
 
     def to_matrices(self, gradient):
         return ops.reshape(gradient, (1, 1, self.g_dim))

@@ -53,6 +53,15 @@ class EinsumLayout:
             math.prod(sizes[a] for a in self.free),
         )
 
+    def rows_per_example(self, output_shape):
+        """The rows one example gives: the product of the batch letters'
+        sizes after the first (the examples'), None if one is unknown."""
+        sizes = dict(zip(self._outputs, output_shape))
+        later = [sizes[a] for a in self.batch[1:]]
+        if any(size is None for size in later):
+            return None
+        return math.prod(later)
+
     def input_rows(self, inputs):
         """`X` `(R, d_in)`: batch letters, then contracted ones."""
         return _rows(inputs, self._input_order, len(self.contracted))

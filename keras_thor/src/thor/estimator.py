@@ -39,6 +39,7 @@ from keras_thor.src.thor.factor_averaging import FactorAverages
 from keras_thor.src.thor.factor_inverses import block_factor_inverses
 from keras_thor.src.thor.inverse_placement import spread_over_replicas
 from keras_thor.src.thor.kl_guard import KlGuardState
+from keras_thor.src.thor.options import STATISTICS_ROWS_WIDTH
 from keras_thor.src.thor.trace_rule import TraceRuleState
 
 # The options with state, in the order their variables are created (after
@@ -244,7 +245,8 @@ class CurvatureEstimator:
         one collective per bucket, then divided by the global row count.
         Several calls of one layer pool their rows. With
         `statistics_rows` (`conv_statistics_rows` for a convolution), each
-        call keeps its first examples only.
+        call keeps its first examples only (with `"width"`, as many as the
+        block's `examples_for_width`).
         """
         sums = {}
         for call, output_grad in zip(calls, output_grads):
@@ -256,6 +258,8 @@ class CurvatureEstimator:
             examples = self.options.statistics_rows
             if call.block.convolutional:
                 examples = self.options.conv_statistics_rows or examples
+            if examples == STATISTICS_ROWS_WIDTH:
+                examples = call.block.examples_for_width(sample_grads)
             if examples is not None:
                 inputs, sample_grads = _first_examples(
                     (inputs, sample_grads), examples

@@ -16,6 +16,9 @@ from keras_thor.src.utils import validation
 FISHER_KINDS = ("empirical", "sampled")
 BIAS_RULES = (None, "shared", "all", "joint")
 KL_CLIP_MODES = ("direction", "velocity")
+# `statistics_rows` per layer: the fewest examples whose rows reach its
+# widest factor.
+STATISTICS_ROWS_WIDTH = "width"
 # Faster at 2 and 4 CPU replicas (docs/benchmarks.md, "THOR's reductions").
 SPREAD_INVERSES_DEFAULT = True
 
@@ -47,9 +50,14 @@ CURVATURE_OPTION_ARGS = """split_indices: Sorted layer indices after which the
             weight, momentum or `iterations` moves; kfac-jax's
             `num_burnin_steps`, 10 by default there). Needs `factor_decay`.
             Defaults to `0`.
-        statistics_rows: `None` (the whole batch) or an integer >= 1: the
+        statistics_rows: `None` (the whole batch), an integer >= 1: the
             statistics use only the first `statistics_rows` examples of
-            each replica's batch. Defaults to `None`.
+            each replica's batch; or `"width"`: each layer's statistics use
+            the fewest first examples whose rows (its output positions:
+            sequence positions, a convolution's output pixels) reach its
+            widest factor, `⌈max(d_A, d_G) / rows per example⌉` (the whole
+            batch where the positions are unknown when traced). Defaults
+            to `None`.
         conv_statistics_rows: `None` (as `statistics_rows`) or an integer
             >= 1: the statistics of convolutions (each example gives them
             one im2col row per output position) use only the first
@@ -255,6 +263,17 @@ def _checked_burn_in_steps(burn_in_steps, decay):
     return burn_in_steps
 
 
+def _checked_statistics_rows(rows):
+    if rows is None or rows == STATISTICS_ROWS_WIDTH:
+        return rows
+    if isinstance(rows, str):
+        raise ValueError(
+            "Argument `statistics_rows` must be None, an integer >= 1 or "
+            f'"{STATISTICS_ROWS_WIDTH}". Received: statistics_rows={rows!r}'
+        )
+    return validation.check_int("statistics_rows", rows, 1)
+
+
 def _checked_kl_clip(kl_clip):
     if kl_clip is None:
         return None
@@ -329,11 +348,13 @@ class CurvatureOptions:
         checked["burn_in_steps"] = _checked_burn_in_steps(
             self.burn_in_steps, checked["factor_decay"]
         )
-        for name in ("statistics_rows", "conv_statistics_rows"):
-            if getattr(self, name) is not None:
-                checked[name] = validation.check_int(
-                    name, getattr(self, name), 1
-                )
+        checked["statistics_rows"] = _checked_statistics_rows(
+            self.statistics_rows
+        )
+        if self.conv_statistics_rows is not None:
+            checked["conv_statistics_rows"] = validation.check_int(
+                "conv_statistics_rows", self.conv_statistics_rows, 1
+            )
         validation.check_one_of("fisher", self.fisher, FISHER_KINDS)
         validation.check_one_of(
             "damping_split", self.damping_split, DAMPING_SPLITS
