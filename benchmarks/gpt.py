@@ -200,8 +200,8 @@ def generate(model, prompt_ids, length, seed, temperature=1.0):
     the model seeing the last `CONTEXT`; the sampled ids.
 
     The window is always `CONTEXT` long (padded on the right, which a
-    causal model does not see from earlier positions), so the model is
-    traced once."""
+    causal model does not see from earlier positions): one input shape
+    for every call."""
     generator = keras.random.SeedGenerator(seed)
     ids = list(prompt_ids)
     for _ in range(length):

@@ -153,7 +153,7 @@ class Task:
     epoch_steps: int = None
     checks: int = CHECKS_PER_EPOCH  # metric checks an epoch
     # (model) -> str: what a run that stops at the target records of the
-    # trained model (task (f): a sample of generated text); None: nothing.
+    # model there (task (f): a sample of generated text); None: nothing.
     sample: object = None
 
     def round_target(self, value):
@@ -210,10 +210,11 @@ def _load_mnist_mlp():
 
 
 def load_gpt(windows=None):
-    """Task (f): `windows` training windows (default: the task's budget,
-    `budget · epoch_steps · batch`) drawn once (`GPT_WINDOWS_SEED`,
-    nanoGPT's uniform offsets), and the validation loss on the fixed
-    validation windows."""
+    """Task (f): `windows` training windows (default: `TASKS["gpt"]`'s
+    budget, `budget · epoch_steps · batch`, whatever task calls it; the
+    frontier passes its own) drawn once (`GPT_WINDOWS_SEED`, nanoGPT's
+    uniform offsets), and the validation loss on the fixed validation
+    windows."""
     if windows is None:
         task = TASKS["gpt"]
         windows = task.budget * task.epoch_steps * task.batch
@@ -731,7 +732,8 @@ def run(
         troubles = getattr(model.optimizer, "curvature_troubles", None)
         if troubles is not None:
             record["curvature_troubles"] = troubles
-        if stop and task.sample is not None:
+        reached = outcomes.outcome(record, task.higher_is_better)
+        if stop and task.sample is not None and reached:
             record["sample"] = task.sample(model)
     except Exception as error:  # noqa: BLE001  (never crash the benchmark)
         traceback.print_exc()

@@ -8,11 +8,13 @@ The protocol, fixed on 2026-12-06 before any THOR run of it
   double of the one before, 192 if the machine allows), seed 0.
 - **Budget** 4,000 steps at batch 12 (task (f)'s); each doubling gets the
   previous budget / 1.6, rounded up (2,500, 1,563, 977, 611), so whether
-  an optimizer's steps fell by 1.6x is always decided within it.
-- **Checks** of the validation loss every 1,200 windows: `round(1200 /
-  batch)` steps (100, 50, 25, 12, 6). One stream of windows, drawn once
-  (`harness.load_gpt`): step `t` at batch `B` trains windows
-  `t·B ... (t+1)·B - 1`.
+  an optimizer's steps fell by 1.6x is always decided within it; a run
+  goes on to the end of its last check interval (1,575 steps at 48, 984
+  at 96, 612 at 192), and a cosine decays over those steps.
+- **Checks** of the validation loss about every 1,200 windows:
+  `round(1200 / batch)` steps (100, 50, 25, 12, 6: every 1,152 windows at
+  96 and 192). One stream of windows, drawn once (`harness.load_gpt`):
+  step `t` at batch `B` trains windows `t·B ... (t+1)·B - 1`.
 - **Optimizers:** "THOR (recommended)" (`THOR.recommended(batch_size=B)`
   at its rate), "AdamW (nanoGPT)" (its warm-up and decay keep their
   sequences: steps × 12 / B), and the fastest other baseline: the fewest
@@ -228,14 +230,16 @@ def main():
     target = protocol["target"]
     points = batch12_points(protocol)
     base = harness.TASKS["gpt"]
-    data = harness.load_gpt(max(b * budgets[b] for b in budgets) + 1200)
+    frontier = {b: frontier_task(base, b, budgets[b]) for b in args.batches}
+    data = harness.load_gpt(
+        max(t.budget * t.epoch_steps * t.batch for t in frontier.values())
+    )
     say(
         f"keras {keras.__version__}, backend {keras.backend.backend()}; "
         f"(f) target {target}; budgets {budgets}"
     )
     records, summary = [], {name: {} for name in points}
-    for batch in args.batches:
-        task = frontier_task(base, batch, budgets[batch])
+    for batch, task in frontier.items():
         for name, point in points.items():
             runs = [
                 _run(task, data, name, dict(point, lr=lr), target)

@@ -17,11 +17,12 @@ The protocol, fixed on 2026-12-06 before any run of it (docs/benchmarks.md,
   trades epochs for seconds (`CHANGES`), at the preset's rate and damping.
   A candidate's ratio on a task: its seconds to the target over the
   reference's (not reached: infinite). Its score: the largest ratio over
-  the tasks (the issue's target is ≤ 0.8 on every task); scores in the
-  same 2% bucket (`ranked`) are tied, and the lower geometric mean wins.
-- **Stage 2:** the preset with every stage-1 change that lowered the score
-  and raised no task's ratio by more than 10% (of two changes of the same
-  setting, the better-scoring one), if there are at least two.
+  the tasks (the issue's target is ≤ 0.8 on every task); scores within 2%
+  of the lowest tie, and the lower geometric mean wins.
+- **Stage 2:** the preset with every stage-1 change whose score is more
+  than 2% below the preset's and that raised no task's ratio by more than
+  10% (of two changes of the same setting, the better-scoring one), if
+  there are at least two such changes.
 - **Chosen:** the lowest score of stage 1 and 2; it ships only if
   `thor_sensitivity.py --tasks resnet autoencoder transformer mnist_mlp gpt`
   with it finds no divergence over the 3×3 rate × damping grid (else the
@@ -91,43 +92,55 @@ def fastest_baseline(protocol, task):
 
 
 def score(ratios):
-    """`(largest ratio, geometric mean)` over the tasks' ratios."""
-    values = list(ratios.values())
+    """`(largest ratio, geometric mean)` over the tasks' ratios; a task
+    whose reference missed the target in this process (NaN) is left out,
+    a candidate that missed it counts as infinite."""
+    values = [v for v in ratios.values() if not math.isnan(v)]
     if not values or not all(math.isfinite(v) for v in values):
         return math.inf, math.inf
     return max(values), math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def ranked(scores):
-    """Candidate names best first: by score, ties (within `TIE`) by the
-    geometric mean."""
-
-    def key(name):
-        largest, mean = scores[name]
-        if not math.isfinite(largest):
-            return (math.inf, math.inf)
-        return (round(math.log(largest) / math.log1p(TIE)), mean)
-
-    return sorted(scores, key=key)
+    """Candidate names best first: the lowest score, except that of the
+    scores within `TIE` of the lowest the lower geometric mean goes
+    first; then the same for the rest."""
+    left, order = dict(scores), []
+    while left:
+        best = min(largest for largest, _ in left.values())
+        tied = [
+            name
+            for name, (largest, _) in left.items()
+            if largest <= best * (1 + TIE)
+        ]
+        first = min(tied, key=lambda name: left[name][1])
+        order.append(first)
+        del left[first]
+    return order
 
 
 def combination(ratios):
-    """Stage 2's options: every stage-1 change that lowered the score and
-    raised no task's ratio by more than `WORSE`; of changes of the same
-    setting, the better-scoring; None with fewer than two."""
+    """Stage 2's options: every stage-1 change whose score is below the
+    preset's by more than `TIE` and that raised no task's ratio by more
+    than `WORSE`; of changes of the same setting, the better-scoring;
+    None with fewer than two such changes."""
     preset = ratios[PRESET]
     best_score = score(preset)[0]
-    kept = {}
+    kept, names = {}, []
     for name in ranked({n: score(r) for n, r in ratios.items()}):
-        if name not in CHANGES or score(ratios[name])[0] >= best_score:
+        if name not in CHANGES:
+            continue
+        if not score(ratios[name])[0] * (1 + TIE) < best_score:
             continue
         if any(
             ratios[name][task] > preset[task] * (1 + WORSE) for task in preset
         ):
             continue
-        for key, value in CHANGES[name].items():
-            kept.setdefault(key, value)
-    return kept if len(kept) >= 2 else None
+        if any(key in kept for key in CHANGES[name]):
+            continue  # a better-scoring change of the same setting is in
+        kept.update(CHANGES[name])
+        names.append(name)
+    return kept if len(names) >= 2 else None
 
 
 def _seconds(record, task):
@@ -165,7 +178,14 @@ def measure(task, protocol, candidates):
     ]
     base = sum(seconds) / 2
     say(f"  [{task.name}] reference {reference}: {seconds} s")
-    ratios = {name: _seconds(records[name], task) / base for name in candidates}
+    if not math.isfinite(base):
+        say(f"  [{task.name}] the reference missed the target: no ratios")
+    ratios = {
+        name: _seconds(records[name], task) / base
+        if math.isfinite(base)
+        else math.nan
+        for name in candidates
+    }
     return dict(reference=reference, seconds=seconds, records=records), ratios
 
 

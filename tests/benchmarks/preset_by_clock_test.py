@@ -53,6 +53,8 @@ def test_reference_is_the_fastest_baseline_of_the_task():
 def test_score_is_the_worst_task_then_the_geometric_mean():
     assert clock.score({"a": 0.5, "b": 2.0}) == (2.0, pytest.approx(1.0))
     assert clock.score({"a": 0.5, "b": math.inf})[0] == math.inf
+    # A task whose reference missed the target in the run is left out.
+    assert clock.score({"a": math.nan, "b": 2.0}) == (2.0, 2.0)
     scores = {
         "worse": (1.2, 0.5),
         "tied, lower mean": (1.005, 0.7),
@@ -82,3 +84,10 @@ def test_stage_two_combines_the_changes_that_helped():
     }
     del ratios["frequency=10"]
     assert clock.combination(ratios) is None
+    # One change of two settings is one change: nothing to combine; nor
+    # is a second change of a setting already kept.
+    both = "statistics_frequency=2, frequency=10"
+    alone = {clock.PRESET: preset, both: {"b": 0.8, "f": 1.0}}
+    assert clock.combination(alone) is None
+    alone["frequency=10"] = {"b": 0.9, "f": 1.5}
+    assert clock.combination(alone) is None

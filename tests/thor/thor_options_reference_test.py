@@ -351,19 +351,31 @@ def _first_step_inverses(specs, shape, x, y, batch, **options):
     }
 
 
-def test_statistics_rows_width_cut_each_layer_at_its_widest_factor():
+@pytest.mark.parametrize(
+    "options, examples",
+    [
+        # The embedding (width 6 on 5 positions; its diagonal A does not
+        # count): ⌈6/5⌉; the Dense layer on the positions (6 -> 6): ⌈6/5⌉;
+        # the head (6 -> 3, one row an example): 6.
+        ({}, (2, 2, 6)),
+        # Joint biases: the [x, 1] rows are 7 wide; ⌈7/5⌉ is still 2.
+        ({"precondition_biases": "joint"}, (2, 2, 7)),
+    ],
+)
+def test_statistics_rows_width_cut_each_layer_at_its_widest_factor(
+    options, examples
+):
     """One refresh step on 16 examples with `statistics_rows="width"`:
     each layer's inverses are those of the whole of its first
-    `⌈max(d_A, d_G) / rows per example⌉` examples: the embedding's (11
-    ids, width 6, 5 positions) ⌈11/5⌉ = 3, the Dense layer's on the
-    positions (6 -> 6) ⌈6/5⌉ = 2, the head's (6 -> 3, one row an example)
-    6."""
+    `⌈max(d_A, d_G) / rows per example⌉` examples."""
     specs, shape, _, x, y = _data("encoder", "ce")
-    cut = _first_step_inverses(specs, shape, x, y, 16, statistics_rows="width")
-    examples = (3, 2, 6)
+    cut = _first_step_inverses(
+        specs, shape, x, y, 16, statistics_rows="width", **options
+    )
     assert len(cut) == len(examples)
     for (name, got), count in zip(cut.items(), examples):
-        expected = _first_step_inverses(specs, shape, x, y, count)[name]
+        expected = _first_step_inverses(specs, shape, x, y, count, **options)
+        expected = expected[name]
         for part, reference_part in zip(got, expected):
             np.testing.assert_allclose(
                 part, reference_part, rtol=1e-5, atol=1e-6

@@ -89,14 +89,17 @@ class KroneckerBlock:
         return _static_product(sample_output_grads.shape[1:-1])
 
     def examples_for_width(self, sample_output_grads):
-        """The fewest examples whose rows reach the widest factor,
-        `⌈max(a_dim, g_dim) / rows per example⌉`
-        (`statistics_rows="width"`); None (the whole batch) if the rows per
-        example are unknown."""
+        """The fewest examples whose rows reach the widest full factor,
+        `⌈max(a_dim, g_dim) / rows per example⌉` (a diagonal `A` does not
+        count: `g_dim` alone) (`statistics_rows="width"`); None (the whole
+        batch) if the rows per example are unknown."""
         rows = self.rows_per_example(sample_output_grads)
         if rows is None:
             return None
-        return max(1, math.ceil(max(self.a_dim, self.g_dim) / rows))
+        width = (
+            self.g_dim if self.a_is_diagonal else max(self.a_dim, self.g_dim)
+        )
+        return max(1, math.ceil(width / rows))
 
     def a_split_dim(self, split_dim):
         """The block size `A` is cut at: `split_dim` (a joint bias block's

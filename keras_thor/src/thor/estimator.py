@@ -255,16 +255,16 @@ class CurvatureEstimator:
                 continue
             inputs = call.inputs
             sample_grads = ops.cast(output_grad, "float32") * sample_scale
+            block = self._blocks[index]
             examples = self.options.statistics_rows
             if call.block.convolutional:
                 examples = self.options.conv_statistics_rows or examples
             if examples == STATISTICS_ROWS_WIDTH:
-                examples = call.block.examples_for_width(sample_grads)
+                examples = block.examples_for_width(sample_grads)
             if examples is not None:
                 inputs, sample_grads = _first_examples(
                     (inputs, sample_grads), examples
                 )
-            block = self._blocks[index]
             if block.rows_are_examples:
                 statistics = block.statistics(
                     inputs, sample_grads, terms_per_example

@@ -61,6 +61,9 @@ class JointBiasKronecker(KroneckerBlock):
     def statistics(self, inputs, sample_output_grads):
         return self.inner.statistics(inputs, sample_output_grads, bias_row=True)
 
+    def rows_per_example(self, sample_output_grads):
+        return self.inner.rows_per_example(sample_output_grads)
+
     def precondition_pair(self, kernel_grad, bias_grad, a_inverse, g_inverse):
         """`(d_W, d_b)` from the kernel's and the bias's gradients."""
         kernel_rows = self.inner.to_matrices(

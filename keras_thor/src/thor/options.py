@@ -55,9 +55,10 @@ CURVATURE_OPTION_ARGS = """split_indices: Sorted layer indices after which the
             each replica's batch; or `"width"`: each layer's statistics use
             the fewest first examples whose rows (its output positions:
             sequence positions, a convolution's output pixels) reach its
-            widest factor, `⌈max(d_A, d_G) / rows per example⌉` (the whole
-            batch where the positions are unknown when traced). Defaults
-            to `None`.
+            widest factor, `⌈max(d_A, d_G) / rows per example⌉` (a joint
+            bias row counts in `d_A`; an Embedding's diagonal `A` does not:
+            `d_G` alone), the whole batch where the positions are unknown
+            when traced. Defaults to `None`.
         conv_statistics_rows: `None` (as `statistics_rows`) or an integer
             >= 1: the statistics of convolutions (each example gives them
             one im2col row per output position) use only the first
