@@ -4,8 +4,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# pytest exits 5 when it collects no test; that is not a failure here.
-PYTEST = $(PY) -m pytest -p no:cacheprovider
+# pytest exits 5 when it collects no test; that is not a failure here. Each
+# run prints its 20 slowest tests (CI has a 45-minute budget to keep).
+PYTEST = $(PY) -m pytest -p no:cacheprovider --durations=20
 # pytest-xdist workers for the TensorFlow run (CI has 2 cores); WORKERS=0
 # runs it in one process.
 WORKERS ?= 2
