@@ -22,7 +22,16 @@ With `--options`, the same refresh and non-refresh steps and refresh split
 for each curvature option beyond MindSpore's rule (`OPTIONS`), against the
 rule itself.
 
-    python benchmarks/thor_step_cost.py [--models mlp cnn] [--rounds 5]
+`--models gpt`: task (f)'s GPT (batch 12 windows of 64), nanoGPT's AdamW
+against `THOR.recommended()` and the preset with one setting changed
+(`GPT_SETTINGS`), every step of a run timed in `fit`, the runs
+interleaved by round; the preset's step split by difference: statistics
+(the preset's non-inverting step less that of statistics on inverting
+steps only), the guard (less that of no guard), an inversion (its
+inverting step less its non-inverting one) and the rest (forward,
+backward, preconditioning, momentum).
+
+    python benchmarks/thor_step_cost.py [--models mlp cnn gpt] [--rounds 5]
         [--options [--only NAME ...]]
 """
 
@@ -427,6 +436,99 @@ def options_report(model_name, rounds, only=None):
         )
 
 
+# The preset and one setting changed at a time (`--models gpt`).
+GPT_SETTINGS = {
+    "THOR.recommended()": {},
+    "statistics on inverting steps only": {"statistics_frequency": 5},
+    "no guard (kl_clip=None)": {"kl_clip": None},
+    "statistics_rows=3 (a quarter)": {"statistics_rows": 3},
+    "inverses every 10 steps": {"frequency": 10},
+}
+GPT_BATCH = 12
+
+
+def _gpt_model(vocabulary, optimizer):
+    import gpt
+
+    model = gpt.gpt(vocabulary, seed=0)
+    if isinstance(optimizer, keras_thor.optimizers.THOR):
+        model = keras_thor.convert_to_thor_model(model)
+    model.compile(optimizer=optimizer, loss=gpt.LOSS)
+    return model
+
+
+def gpt_report(rounds, steps=100):
+    """nanoGPT's AdamW and `GPT_SETTINGS` on task (f)'s GPT: per-step
+    milliseconds (median of inverting and of other steps, and the mean;
+    "/AdamW" is mean over mean), then the preset's split by difference
+    (module docstring). The flop floor counts every block as a matrix
+    product of its widths, the two tables' lookups included (an upper
+    bound of their share)."""
+    import gpt
+    import shakespeare
+
+    text = shakespeare.load()
+    x, y = text.training_windows(
+        np.random.default_rng(0), steps * GPT_BATCH, gpt.CONTEXT
+    )
+    vocabulary = len(text.vocabulary)
+    runs = {"AdamW (nanoGPT)": _gpt_model(vocabulary, gpt.nanogpt_adamw())}
+    for name, options in GPT_SETTINGS.items():
+        optimizer = keras_thor.optimizers.THOR.recommended(
+            batch_size=GPT_BATCH, **options
+        )
+        runs[name] = _gpt_model(vocabulary, optimizer)
+    for model in runs.values():  # trace, compile, warm up
+        fit_model(model, x[: 10 * GPT_BATCH], y[: 10 * GPT_BATCH], GPT_BATCH, 1)
+    timers = {name: StepTimer() for name in runs}
+    for _ in range(rounds):
+        for name, model in runs.items():
+            fit_model(model, x, y, GPT_BATCH, 1, timers[name])
+    print(
+        f"\ngpt: batch {GPT_BATCH} x {gpt.CONTEXT} tokens, {steps} steps x "
+        f"{rounds} rounds a setting (ms; inverting / other: medians)"
+    )
+    costs, rows = layer_costs(
+        runs["THOR.recommended()"], GPT_BATCH * gpt.CONTEXT
+    )
+    floor = floor_report(costs, rows)
+    adamw = median_step(timers["AdamW (nanoGPT)"], lambda s: True)
+    adamw_mean = float(np.mean(timers["AdamW (nanoGPT)"].seconds))
+    print(
+        f"  {'setting':<36}{'inverting':>10}{'other':>8}{'mean':>8}"
+        f"{'/AdamW':>8}"
+    )
+    print(
+        f"  {'AdamW (nanoGPT)':<36}{'':>10}{1e3 * adamw:8.2f}"
+        f"{1e3 * adamw_mean:8.2f}{1.0:8.2f}"
+    )
+    medians = {}
+    for name in GPT_SETTINGS:
+        frequency = runs[name].optimizer.frequency
+        timer = timers[name]
+        inverting = median_step(timer, lambda s, f=frequency: s % f == 0)
+        other = median_step(timer, lambda s, f=frequency: s % f != 0)
+        mean = float(np.mean(timer.seconds))
+        medians[name] = (inverting, other)
+        print(
+            f"  {name:<36}{1e3 * inverting:10.2f}{1e3 * other:8.2f}"
+            f"{1e3 * mean:8.2f}{mean / adamw_mean:8.2f}"
+        )
+    preset_inverting, preset_other = medians["THOR.recommended()"]
+    statistics = preset_other - medians["statistics on inverting steps only"][1]
+    guard = preset_other - medians["no guard (kl_clip=None)"][1]
+    frequency = runs["THOR.recommended()"].optimizer.frequency
+    inversion = (preset_inverting - preset_other) / frequency
+    print(
+        f"  the preset's step, per step: statistics {1e3 * statistics:.2f}, "
+        f"guard {1e3 * guard:.2f}, inversions {1e3 * inversion:.2f} "
+        f"(one every {frequency} steps), the rest "
+        f"{1e3 * (preset_other - statistics - guard):.2f} ms; AdamW "
+        f"{1e3 * adamw:.2f} ms; the rest's flop floor {floor:.3f}x a "
+        f"first-order step"
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["mlp", "cnn"])
@@ -448,7 +550,9 @@ def main():
         f"{os.cpu_count()} CPUs"
     )
     for model_name in args.models:
-        if args.options:
+        if model_name == "gpt":
+            gpt_report(args.rounds)
+        elif args.options:
             options_report(model_name, args.rounds, args.only)
         else:
             benchmark(model_name, args.rounds)
