@@ -28,6 +28,7 @@ from keras_thor.src.thor.conv_statistics import conv_factor_scale
 from keras_thor.src.thor.conv_statistics import grouped_conv_statistics
 from keras_thor.src.thor.conv_statistics import grouped_kernel_matrices
 from keras_thor.src.thor.conv_statistics import kernel_from_grouped_matrices
+from keras_thor.src.thor.einsum_layout import static_product
 from keras_thor.src.thor.preconditioning import diagonal_kronecker_precondition
 from keras_thor.src.thor.preconditioning import factored_precondition
 from keras_thor.src.thor.preconditioning import kronecker_precondition
@@ -36,18 +37,17 @@ from keras_thor.src.thor.statistics import dense_statistics
 from keras_thor.src.thor.statistics import embedding_statistics
 
 
+def _positions(shape, data_format="channels_last"):
+    """The sizes of the output positions: the axes between the batch and
+    the features."""
+    return shape[2:] if data_format == "channels_first" else shape[1:-1]
+
+
 def _channels_last(tensor, data_format):
     if data_format == "channels_first":
         rank = len(tensor.shape)
         return ops.transpose(tensor, (0, *range(2, rank), 1))
     return tensor
-
-
-def _static_product(sizes):
-    """The product of `sizes`, None if one is unknown."""
-    if any(size is None for size in sizes):
-        return None
-    return math.prod(sizes)
 
 
 class KroneckerBlock:
@@ -86,7 +86,7 @@ class KroneckerBlock:
         """The statistics' rows one example gives (its output positions:
         the axes between the batch and the features), None if a size is
         unknown when traced."""
-        return _static_product(sample_output_grads.shape[1:-1])
+        return static_product(_positions(sample_output_grads.shape))
 
     def examples_for_width(self, sample_output_grads):
         """The fewest examples whose rows reach the widest full factor,
@@ -258,10 +258,9 @@ class ConvKronecker(KroneckerBlock):
         return a_sums, g_sums, rows, conv_factor_scale(grads)
 
     def rows_per_example(self, sample_output_grads):
-        shape = sample_output_grads.shape
-        if self.options["data_format"] == "channels_first":
-            return _static_product(shape[2:])
-        return _static_product(shape[1:-1])
+        return static_product(
+            _positions(sample_output_grads.shape, self.options["data_format"])
+        )
 
     def to_matrices(self, gradient):
         return grouped_kernel_matrices(gradient, self.groups, self.depthwise)

@@ -23,6 +23,13 @@ import string
 from keras import ops
 
 
+def static_product(sizes):
+    """The product of `sizes`, None if one is unknown."""
+    if any(size is None for size in sizes):
+        return None
+    return math.prod(sizes)
+
+
 class UnsupportedEinsumError(ValueError):
     """An EinsumDense equation that is not a dense map on rows."""
 
@@ -57,10 +64,7 @@ class EinsumLayout:
         """The rows one example gives: the product of the batch letters'
         sizes after the first (the examples'), None if one is unknown."""
         sizes = dict(zip(self._outputs, output_shape))
-        later = [sizes[a] for a in self.batch[1:]]
-        if any(size is None for size in later):
-            return None
-        return math.prod(later)
+        return static_product([sizes[a] for a in self.batch[1:]])
 
     def input_rows(self, inputs):
         """`X` `(R, d_in)`: batch letters, then contracted ones."""
