@@ -572,7 +572,7 @@ def test_recommended_is_the_documented_setting_and_takes_overrides():
     assert (thor.frequency, thor.statistics_frequency) == (5, 1)
     assert (thor.factor_decay, thor.fisher) == (0.95, "empirical")
     assert (thor.damping_split, thor.precondition_biases) == ("pi", "joint")
-    assert (thor.split_dim, thor.kl_clip, thor.burn_in_steps) == (1024, 0.01, 0)
+    assert (thor.split_dim, thor.kl_clip, thor.burn_in_steps) == (256, 0.01, 0)
     assert thor.kl_clip_mode == "velocity"
     assert (thor.statistics_rows, thor.conv_statistics_rows) == (None, 32)
     tuned = THOR.recommended(learning_rate=0.1, kl_clip=None, batch_size=64)

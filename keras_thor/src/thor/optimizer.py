@@ -231,7 +231,7 @@ class THOR(
         "factor_decay": 0.95,
         "damping_split": "pi",
         "precondition_biases": "joint",
-        "split_dim": 1024,
+        "split_dim": 256,
         "kl_clip": 0.01,
         "kl_clip_mode": "velocity",
         "conv_statistics_rows": 32,
@@ -243,14 +243,15 @@ class THOR(
 
         `learning_rate=1e-3, damping=1e-3, momentum=0.9, frequency=5,
         statistics_frequency=1, factor_decay=0.95, damping_split="pi",
-        precondition_biases="joint", split_dim=1024, kl_clip=0.01,
+        precondition_biases="joint", split_dim=256, kl_clip=0.01,
         kl_clip_mode="velocity", conv_statistics_rows=32`
         (`THOR.RECOMMENDED`): statistics every step into an average (a
         convolution's from the first 32 examples of each batch), inverses
         every 5 steps, Martens & Grosse's damping split, biases in their
-        kernels' blocks, whole factors up to 1024 wide and a step-size
-        guard on the velocity; chosen on the held-out seed of the
-        benchmark tasks, one setting for all of them (docs/thor.md,
+        kernels' blocks, whole factors up to 256 wide (wider ones in
+        256-wide diagonal blocks) and a step-size guard on the velocity;
+        chosen on the held-out seed of the benchmark tasks, one setting
+        for all of them, by epochs and then by seconds (docs/thor.md,
         "Tuning THOR").
         Any argument of `THOR` overrides these, e.g.
         `THOR.recommended(learning_rate=3e-3, batch_size=128)`; without
