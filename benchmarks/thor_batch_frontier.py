@@ -29,8 +29,13 @@ The protocol, fixed on 2026-12-06 before any THOR run of it
   optimizer leaves it at the first doubling where its steps fall by less
   than 1.6x (or it does not reach the target).
 
-Writes `<prefix>.json` (every run's record) and `<prefix>.png` (steps
-against batch, log-log, with each optimizer's perfect-scaling line).
+Writes `<prefix>.json` (every run's record, after each run) and
+`<prefix>.png` (steps against batch, log-log, with each optimizer's
+perfect-scaling line). Run again with the same prefix, it resumes: a run
+already recorded there (same target and budgets; same batch, optimizer
+and rate) is read back, not run again. A run's steps do not depend on what
+ran before it in the process (each starts from its seed's weights with
+its functions traced anew), so a resumed frontier equals one run whole.
 
     KERAS_BACKEND=jax python benchmarks/thor_batch_frontier.py
 """
@@ -158,6 +163,25 @@ def leaves_perfect_scaling(steps):
     return None
 
 
+def recorded_runs(previous, target, budgets):
+    """`{(batch, optimizer, rate): record}` of a frontier file's runs
+    (`previous`: its content, {} if none), those of another target or
+    other budgets left out."""
+    same = previous.get("target") == target and previous.get("budgets") == {
+        str(batch): steps for batch, steps in budgets.items()
+    }
+    if not same:
+        return {}
+    return {
+        _key(r["batch"], r["optimizer"], r["point"]["lr"]): r
+        for r in previous["runs"]
+    }
+
+
+def _key(batch, name, rate):
+    return batch, name, float(f"{rate:.6g}")
+
+
 def _run(task, data, name, point, target):
     record = harness.run(task, data, name, point, 0, target, stop=True)
     record.update(batch=task.batch, check_steps=task.epoch_steps)
@@ -238,20 +262,37 @@ def main():
         f"keras {keras.__version__}, backend {keras.backend.backend()}; "
         f"(f) target {target}; budgets {budgets}"
     )
+    path = pathlib.Path(f"{args.prefix}.json")
+    done = recorded_runs(outcomes.read(path), target, budgets)
+    if done:
+        say(f"resuming: {len(done)} runs read back from {path}")
     records, summary = [], {name: {} for name in points}
     for batch, task in frontier.items():
         for name, point in points.items():
-            runs = [
-                _run(task, data, name, dict(point, lr=lr), target)
-                for lr in rates(point["lr"], batch)
-            ]
+            runs = []
+            for lr in rates(point["lr"], batch):
+                key = _key(batch, name, lr)
+                if key not in done:
+                    done[key] = _run(
+                        task, data, name, dict(point, lr=lr), target
+                    )
+                    outcomes.write(
+                        path,
+                        dict(
+                            target=target,
+                            budgets=budgets,
+                            summary=summary,
+                            runs=list(done.values()),
+                        ),
+                    )
+                runs.append(done[key])
             records += runs
             best = best_at_batch(runs)
             summary[name][batch] = steps_to_target(best)[0] if best else None
-        outcomes.write(
-            pathlib.Path(f"{args.prefix}.json"),
-            dict(target=target, budgets=budgets, summary=summary, runs=records),
-        )
+    outcomes.write(
+        path,
+        dict(target=target, budgets=budgets, summary=summary, runs=records),
+    )
     say("\nsteps to the target (best of 3 rates):")
     say(f"{'optimizer':<22}" + "".join(f"{b:>8}" for b in args.batches))
     for name, row in summary.items():

@@ -100,3 +100,17 @@ def test_nanogpt_schedule_keeps_its_sequences_at_a_larger_batch():
     assert (base["warmup_steps"], base["decay_steps"]) == (100, 2000)
     assert (wide["warmup_steps"], wide["decay_steps"]) == (25, 500)
     assert (wide["rate"], wide["min_rate"]) == pytest.approx((2e-3, 2e-4))
+
+
+def test_a_rerun_reads_back_the_runs_of_the_same_frontier():
+    budgets = {12: 4000, 24: 2500}
+    lr = frontier.rates(1e-3, 24)[0]
+    run = dict(
+        batch=24, optimizer=harness.MUON, point=dict(lr=float(f"{lr:.17g}"))
+    )
+    previous = dict(target=1.8, budgets={"12": 4000, "24": 2500}, runs=[run])
+    done = frontier.recorded_runs(previous, 1.8, budgets)
+    assert done[frontier._key(24, harness.MUON, lr * (1 + 1e-12))] is run
+    assert frontier.recorded_runs(previous, 1.7, budgets) == {}
+    assert frontier.recorded_runs(previous, 1.8, {12: 4000}) == {}
+    assert frontier.recorded_runs({}, 1.8, budgets) == {}
