@@ -30,10 +30,17 @@ The protocol, fixed on 2026-12-06 before any run of it (docs/benchmarks.md,
   (`thor_time_to_accuracy.py --phase report`), the previous preset's
   numbers kept as history.
 
-Writes `<prefix>.json` (every record) and prints the ratios per task.
+- **Follow-ups** (`--follow-ups`, fixed 2026-12-07 before their first
+  run): the step-cost ideas stages 1 and 2 left untried (`FOLLOW_UPS`:
+  the guard measured on refresh steps only, alone and with fewer
+  inversions and statistics rows), measured as stage 1 against the
+  shipped preset, scored the same way.
+
+Writes `<prefix>.json` (every record; `<prefix>_follow_ups.json` with
+`--follow-ups`) and prints the ratios per task.
 
     KERAS_BACKEND=jax python benchmarks/thor_preset_by_clock.py
-        [--tasks resnet transformer mnist_mlp gpt]
+        [--tasks resnet transformer mnist_mlp gpt] [--follow-ups]
 """
 
 import argparse
@@ -64,6 +71,22 @@ CHANGES = {
     "frequency=10": {"frequency": 10},
     'kl_clip_mode="direction"': {"kl_clip_mode": "direction"},
     "split_dim=256": {"split_dim": 256},
+}
+# The step-cost ideas left untried after stages 1 and 2 (fixed
+# 2026-12-07 before their first run), each measured as stage 1 is: the
+# shipped preset, then each follow-up, between two runs of the reference
+# (`--follow-ups`).
+FOLLOW_UPS = {
+    'kl_clip_steps="refresh"': {"kl_clip_steps": "refresh"},
+    'kl_clip_steps="refresh", frequency=10': {
+        "kl_clip_steps": "refresh",
+        "frequency": 10,
+    },
+    'kl_clip_steps="refresh", frequency=10, statistics_rows="width"': {
+        "kl_clip_steps": "refresh",
+        "frequency": 10,
+        "statistics_rows": "width",
+    },
 }
 PRESET = "THOR.recommended()"
 TIE = 0.02  # relative: scores this close are tied
@@ -190,33 +213,52 @@ def measure(task, protocol, candidates):
 
 
 def _table(ratios, tasks):
-    say(f"\n{'candidate':<40}" + "".join(f"{t:>12}" for t in tasks) + "  score")
+    width = max(40, *(len(name) + 2 for name in ratios))
+    say(
+        f"\n{'candidate':<{width}}"
+        + "".join(f"{t:>12}" for t in tasks)
+        + "  score"
+    )
     scores = {name: score(row) for name, row in ratios.items()}
     for name in ranked(scores):
         cells = "".join(f"{ratios[name][t]:>12.3f}" for t in tasks)
-        say(f"{name:<40}{cells}  {scores[name][0]:.3f} / {scores[name][1]:.3f}")
+        say(
+            f"{name:<{width}}{cells}  "
+            f"{scores[name][0]:.3f} / {scores[name][1]:.3f}"
+        )
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", default=TASKS, choices=TASKS)
     parser.add_argument("--prefix", default="results/thor_preset_by_clock")
+    parser.add_argument(
+        "--follow-ups",
+        action="store_true",
+        help="measure FOLLOW_UPS against the shipped preset instead",
+    )
     args = parser.parse_args()
     recorded = outcomes.read(harness.RECORDED_PROTOCOL)
     missing = [t for t in args.tasks if t not in recorded]
     if missing:
         parser.error(f"no recorded target for {missing}: tune them first")
     say(f"keras {keras.__version__}, backend {keras.backend.backend()}")
-    path = pathlib.Path(f"{args.prefix}.json")
-    stage1 = {PRESET: {}, **CHANGES}
-    results, ratios = {}, {name: {} for name in stage1}
+    if args.follow_ups:
+        path = pathlib.Path(f"{args.prefix}_follow_ups.json")
+        candidates, stage = {PRESET: {}, **FOLLOW_UPS}, "follow_ups"
+    else:
+        path = pathlib.Path(f"{args.prefix}.json")
+        candidates, stage = {PRESET: {}, **CHANGES}, "stage1"
+    results, ratios = {}, {name: {} for name in candidates}
     for name in args.tasks:
         task = harness.TASKS[name]
-        results[name], task_ratios = measure(task, recorded[name], stage1)
+        results[name], task_ratios = measure(task, recorded[name], candidates)
         for candidate, ratio in task_ratios.items():
             ratios[candidate][name] = ratio
-        outcomes.write(path, dict(stage1=results, ratios=ratios))
+        outcomes.write(path, {stage: results, "ratios": ratios})
     _table(ratios, args.tasks)
+    if args.follow_ups:
+        return
     combined = combination(ratios)
     if combined is None:
         say("stage 2: fewer than two changes helped; nothing to combine")

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.tf_only  # the harness runs on the TF default
 
 def test_every_candidate_is_a_valid_thor():
     for task in ("mnist_mlp", "gpt"):
-        for options in clock.CHANGES.values():
+        for options in [*clock.CHANGES.values(), *clock.FOLLOW_UPS.values()]:
             options = clock.resolve(options, harness.TASKS[task])
             keras_thor.optimizers.THOR.recommended(batch_size=12, **options)
     quarter = clock.CHANGES["statistics_rows=batch/4"]

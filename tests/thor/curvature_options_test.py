@@ -493,6 +493,11 @@ BAD_OPTIONS = [
         ValueError,
         "kl_clip_mode='velocity', kl_clip=0.01, factor_decay=None",
     ),
+    (
+        {"kl_clip_steps": 5},
+        ValueError,
+        r"must be one of \('every', 'refresh'\).*kl_clip_steps=5",
+    ),
 ]
 
 
@@ -512,6 +517,7 @@ def test_good_options_are_kept_and_in_the_config():
         fisher="sampled",
         kl_clip=1,
         kl_clip_mode="velocity",
+        kl_clip_steps="refresh",
     )
     assert optimizer.factor_decay == 0.0
     assert isinstance(optimizer.kl_clip, float)
@@ -525,6 +531,7 @@ def test_good_options_are_kept_and_in_the_config():
             "fisher",
             "kl_clip",
             "kl_clip_mode",
+            "kl_clip_steps",
         )
     } == {
         "factor_decay": 0.0,
@@ -533,6 +540,7 @@ def test_good_options_are_kept_and_in_the_config():
         "fisher": "sampled",
         "kl_clip": 1.0,
         "kl_clip_mode": "velocity",
+        "kl_clip_steps": "refresh",
     }
     assert THOR.from_config(config).get_config() == config
     width = THOR(**GOOD, statistics_rows="width").get_config()

@@ -31,7 +31,8 @@ every step: d = A⁻¹ g G⁻¹ for the THOR kernels,
     with kl_clip_mode="velocity" (Dense layers), u = μ·v + d, the sum is
     Σ ⟨u, F u⟩ with F = A ⊗ G of the averaged factors cut into their
     split_dim blocks (split_dim + 1 for A with the bias row), and
-    d ← ν · u − μ·v.
+    d ← ν · u − μ·v; with kl_clip_steps="refresh" ν is measured at
+    t = 0, f, 2f, ... only and the steps between take the last one.
 ```
 """
 
@@ -178,6 +179,7 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
         statistics_rows=None,
         kl_clip=None,
         kl_clip_mode="direction",
+        kl_clip_steps="every",
         fisher_targets=None,
         statistics_loss=None,
         trace_thresholds=None,
@@ -196,6 +198,7 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
         self.statistics_rows = statistics_rows
         self.kl_clip = kl_clip
         self.kl_clip_mode = kl_clip_mode
+        self.kl_clip_steps = kl_clip_steps
         self.fisher_targets = fisher_targets
         self.statistics_loss = statistics_loss or loss
         self.guard_scales = []
@@ -243,15 +246,22 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
                 for i, spec in enumerate(self.model)
                 if self.joint_biases and _joins(spec)
             ]
+            held = None
+            if self.kl_clip_steps == "refresh" and step % self.frequency:
+                held = self.guard_scales[-1]
             if self.kl_clip_mode == "velocity":
-                scale = self._guard_velocity(directions, kernels, learning_rate)
-            else:
-                scale = guard_scale(
-                    [directions[i][name] for i, name in kernels],
-                    [grads[i][name] for i, name in kernels],
-                    learning_rate,
-                    self.kl_clip,
+                scale = self._guard_velocity(
+                    directions, kernels, learning_rate, held
                 )
+            else:
+                scale = held
+                if held is None:
+                    scale = guard_scale(
+                        [directions[i][name] for i, name in kernels],
+                        [grads[i][name] for i, name in kernels],
+                        learning_rate,
+                        self.kl_clip,
+                    )
                 for i, name in kernels:
                     directions[i][name] = scale * directions[i][name]
         self.guard_scales.append(scale)
@@ -264,9 +274,9 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
         self.iterations += 1
         return new_weights
 
-    def _guard_velocity(self, directions, kernels, learning_rate):
+    def _guard_velocity(self, directions, kernels, learning_rate, held):
         """`kl_clip_mode="velocity"` on Dense layers: replaces the guarded
-        directions by `ν·u − μ·v`; returns `ν`."""
+        directions by `ν·u − μ·v`; returns `ν` (`held` if given)."""
         kept = {
             (i, name): self.momentum * self.velocities[i][name]
             for i, name in kernels
@@ -288,6 +298,8 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
             u = np.vstack(rows)
             inner += float(np.sum(u * (a_blocks @ u @ g_blocks)))
         scale = scale_of(inner, learning_rate, self.kl_clip)
+        if held is not None:
+            scale = held
         for i, name in kernels:
             directions[i][name] = scale * steps[(i, name)] - kept[(i, name)]
         return scale

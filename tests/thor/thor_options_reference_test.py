@@ -62,8 +62,15 @@ class _Recorder(keras.callbacks.Callback):
         self.specs = specs
         self.weights = []
         self.logs = []
+        self.steps = []
+        self.epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
+        # Keras reports the last step of each execution only.
+        self.steps.append(self.epoch * self.params["steps"] + batch)
         self.weights.append(
             keras_models.flat(
                 keras_models.reference_weights(self.model, self.specs)
@@ -208,8 +215,16 @@ def test_factor_decay_and_statistics_frequency_follow_the_reference(
             "damping_split": "pi",
             "precondition_biases": "joint",
         },
+        # ν measured on refresh steps only, held through fused steps.
+        {
+            "kl_clip_mode": "velocity",
+            "kl_clip_steps": "refresh",
+            "factor_decay": 0.8,
+            "statistics_frequency": 1,
+            "compile_options": {"steps_per_execution": 2},
+        },
     ],
-    ids=["direction", "velocity-joint"],
+    ids=["direction", "velocity-joint", "velocity-refresh-fused"],
 )
 def test_kl_clip_follows_the_reference_and_logs_the_guard_scale(options):
     recorder, expected, optimizer, model = _fit_and_reference(
@@ -226,12 +241,15 @@ def test_kl_clip_follows_the_reference_and_logs_the_guard_scale(options):
     scales = np.array(optimizer.guard_scales)
     # The guard is active on some steps, not on others.
     assert (scales < 0.999).any() and (scales == 1.0).any(), scales
-    _assert_follows(recorder.weights, expected)
+    _assert_follows(recorder.weights, [expected[i] for i in recorder.steps])
     logged = [logs["thor_guard_scale"] for logs in recorder.logs]
-    np.testing.assert_allclose(logged, scales, rtol=1e-4)
+    np.testing.assert_allclose(logged, scales[recorder.steps], rtol=1e-4)
     np.testing.assert_allclose(
         model.optimizer.estimator.guard_scale, scales[-1], rtol=1e-4
     )
+    if options.get("kl_clip_steps") == "refresh":
+        held = scales[np.arange(len(scales)) // 3 * 3]
+        np.testing.assert_array_equal(scales, held)
     # No kernel takes the factored order under the guard.
     assert model.optimizer.step_plan.factored_kernels == frozenset()
 

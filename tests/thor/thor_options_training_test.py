@@ -355,6 +355,7 @@ def _all_options_model(run_eagerly=False):
             statistics_rows=12,
             fisher="sampled",
             kl_clip=1e-3,
+            kl_clip_steps="refresh",  # a resumed step holds the saved ν
             precondition_biases="all",
             trace_thresholds=(0.05, 0.001),
             damping_split="pi",

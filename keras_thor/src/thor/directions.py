@@ -64,6 +64,8 @@ class Guard:
         velocity_of: `variable -> its velocity`.
         damping: The step's damping; batch_size: THOR's `batch_size`.
         loss_scale: The scale of the step's gradients.
+        held_scale: `None` (the step measures `ν`) or the `ν` it applies
+            (`kl_clip_steps="refresh"` between refreshes).
     """
 
     kl_clip: float
@@ -74,6 +76,7 @@ class Guard:
     damping: object
     batch_size: float
     loss_scale: object
+    held_scale: object = None
 
 
 def _positions(plan, variables, grads):
@@ -190,6 +193,7 @@ def _guarded(plan, blocks, curvature, variables, grads, guard):
         guard.momentum,
         guard.kl_clip,
         guard.mode,
+        guard.held_scale,
     )
     return {
         p: ops.cast(step * (guard.loss_scale / count), variables[p].dtype)

@@ -222,6 +222,10 @@ class CurvatureEstimator:
         guard = self.option(KlGuardState)
         return None if guard is None else guard.last_scale
 
+    def last_guard_scale(self):
+        """The last step's guard scale `ν` (`kl_clip`), a float32 tensor."""
+        return ops.convert_to_tensor(self.option(KlGuardState).scale)
+
     def record_guard_scale(self, scale, writes):
         """Keeps the step's guard scale `ν` (into `writes`)."""
         writes.set(self.option(KlGuardState).scale, scale)

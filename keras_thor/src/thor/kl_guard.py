@@ -10,6 +10,8 @@ d_i = A_i⁻¹ · g_i · G_i⁻¹                 for each guarded kernel i
     u_i = μ · v_i + d_i                   the velocity the step would leave
     ν   = min(1, sqrt(kl_clip / |lr² · Σ_i ⟨u_i, F̂_i u_i⟩|))
     d_i ← ν · u_i − μ · v_i               so the step leaves ν · u_i
+kl_clip_steps="refresh": ν is measured on refresh steps only; the steps
+    between take the last refresh step's ν (no sum)
 ```
 
 Notation:
@@ -25,8 +27,8 @@ Notation:
       c·A_i ⊗ c·G_i`: the block's averaged factors, undamped (the
       curvature the step's KL is measured in; `factor_decay`).
     - `ν`: the guard scale, 1 for a zero or non-finite sum; its state
-      (`KlGuardState`) keeps the last one for the logs
-      (`thor_guard_scale`).
+      (`KlGuardState`) keeps the last one, for the logs
+      (`thor_guard_scale`) and for the steps that hold it.
 
 The direction's clip bounds one step's `d`; with momentum the weights
 move by `lr · v`, about `d / (1 − μ)` once the velocity has built up, and
@@ -58,6 +60,7 @@ def guarded_directions(
     momentum,
     kl_clip,
     mode,
+    held_scale=None,
 ):
     """`({key: ν·u − μ·v}, ν)` of the guarded `directions`.
 
@@ -67,7 +70,8 @@ def guarded_directions(
     `curvature_norm(u)` is `Σ ⟨u_i, F̂_i u_i⟩` of `{key: u}`. With
     `mode="direction"`, `u = d` and no `μ·v` is kept. Non-finite inner
     products give `ν = 1` (the update then leaves non-finite directions
-    out).
+    out). `held_scale`: a `ν` to apply instead of measuring one (the
+    steps between refreshes with `kl_clip_steps="refresh"`).
     """
     if mode == "velocity":
         kept = {
@@ -75,14 +79,18 @@ def guarded_directions(
             for key, direction in directions.items()
         }
         steps = {key: kept[key] + d for key, d in directions.items()}
-        inner = curvature_norm(steps)
     else:
         kept, steps = {}, directions
+    if held_scale is not None:
+        scale = held_scale
+    elif mode == "velocity":
+        scale = kl_clip_scale(curvature_norm(steps), learning_rate, kl_clip)
+    else:
         inner = sum(
             ops.sum(direction * gradients[key])
             for key, direction in directions.items()
         )
-    scale = kl_clip_scale(inner, learning_rate, kl_clip)
+        scale = kl_clip_scale(inner, learning_rate, kl_clip)
     return {
         key: scale * step - kept.get(key, 0.0) for key, step in steps.items()
     }, scale

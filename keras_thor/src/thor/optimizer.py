@@ -83,7 +83,9 @@ class THOR(
           kernels with curvature, and the biases if preconditioned
           (kfac-pytorch's KL clip); with `kl_clip_mode="velocity"` the sum
           is `Σ ⟨u, F̂u⟩` of the velocity `u = momentum·v + d` the step
-          would leave, `F̂ = c·A ⊗ c·G` the averaged factors.
+          would leave, `F̂ = c·A ⊗ c·G` the averaged factors; with
+          `kl_clip_steps="refresh"` the steps between refreshes take the
+          last refresh step's `ν`.
 
     MindSpore's rule is the default. The options beyond it, from kfac-jax
     and kfac-pytorch (`factor_decay` to `trace_thresholds`; docs/thor.md

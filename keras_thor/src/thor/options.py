@@ -16,6 +16,7 @@ from keras_thor.src.utils import validation
 FISHER_KINDS = ("empirical", "sampled")
 BIAS_RULES = (None, "shared", "all", "joint")
 KL_CLIP_MODES = ("direction", "velocity")
+KL_CLIP_STEPS = ("every", "refresh")
 # `statistics_rows` per layer: the fewest examples whose rows reach its
 # widest factor.
 STATISTICS_ROWS_WIDTH = "width"
@@ -82,6 +83,11 @@ CURVATURE_OPTION_ARGS = """split_indices: Sorted layer indices after which the
             `keras_thor.src.thor.kl_guard`). Without `kl_clip` there is no
             guard either way; `"velocity"` with `kl_clip` needs
             `factor_decay`. Defaults to `"direction"`.
+        kl_clip_steps: `"every"` (kfac-pytorch: `ν` is measured on every
+            step) or `"refresh"`: `ν` is measured on the refresh steps
+            (every `frequency` steps) and the steps between apply the
+            last one, without the guard's sum (on the velocity, one
+            product with the factors per block). Defaults to `"every"`.
         precondition_biases: `None` (MindSpore: biases take the plain
             gradient), `"shared"` or `"all"`: precondition the biases of
             layers with Kronecker curvature as K-FAC's homogeneous
@@ -324,6 +330,7 @@ class CurvatureOptions:
     fisher: str = "empirical"
     kl_clip: float = None
     kl_clip_mode: str = "direction"
+    kl_clip_steps: str = "every"
     precondition_biases: str = None
     trace_thresholds: tuple = None
 
@@ -363,6 +370,9 @@ class CurvatureOptions:
         checked["kl_clip"] = _checked_kl_clip(self.kl_clip)
         _check_kl_clip_mode(
             self.kl_clip_mode, checked["kl_clip"], checked["factor_decay"]
+        )
+        validation.check_one_of(
+            "kl_clip_steps", self.kl_clip_steps, KL_CLIP_STEPS
         )
         for name, value in checked.items():
             object.__setattr__(self, name, value)

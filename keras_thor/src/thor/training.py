@@ -57,10 +57,15 @@ def _sampled_fisher_loss(model, thor, y_pred):
     return model.optimizer.scale_loss(loss / replicas.replica_count())
 
 
-def _guard(thor, loss_scale):
-    """The step-size guard's `Guard` (`kl_clip`), else `None`."""
+def _guard(thor, loss_scale, invert):
+    """The step-size guard's `Guard` (`kl_clip`), else `None`; with
+    `kl_clip_steps="refresh"` a step that does not `invert` holds the last
+    `ν`."""
     if thor.kl_clip is None:
         return None
+    held = None
+    if thor.kl_clip_steps == "refresh" and not invert:
+        held = thor.estimator.last_guard_scale()
     return Guard(
         kl_clip=thor.kl_clip,
         mode=thor.kl_clip_mode,
@@ -70,6 +75,7 @@ def _guard(thor, loss_scale):
         damping=thor.current_damping(),
         batch_size=float(thor.batch_size),
         loss_scale=loss_scale,
+        held_scale=held,
     )
 
 
@@ -169,7 +175,7 @@ def train_step(model, data, statistics, invert, update=True):
                 grads,
                 forward.calls,
                 forward.output_grads,
-                _guard(thor, loss_scale),
+                _guard(thor, loss_scale, invert),
             )
             if scale is not None:
                 estimator.record_guard_scale(scale, writes)
