@@ -33,7 +33,8 @@ Writes `<prefix>.json` (every run's record, after each run) and
 `<prefix>.png` (steps against batch, log-log, with each optimizer's
 perfect-scaling line). Run again with the same prefix, it resumes: a run
 already recorded there (same target and budgets; same batch, optimizer
-and rate) is read back, not run again. A run's steps do not depend on what
+and rate; for THOR, the same `THOR.RECOMMENDED`) is read back, not run
+again. A run's steps do not depend on what
 ran before it in the process (each starts from its seed's weights with
 its functions traced anew), so a resumed frontier equals one run whole.
 
@@ -163,18 +164,21 @@ def leaves_perfect_scaling(steps):
     return None
 
 
-def recorded_runs(previous, target, budgets):
+def recorded_runs(previous, target, budgets, preset):
     """`{(batch, optimizer, rate): record}` of a frontier file's runs
     (`previous`: its content, {} if none), those of another target or
-    other budgets left out."""
+    other budgets left out, and THOR's if they ran another `preset` (its
+    `THOR.RECOMMENDED`)."""
     same = previous.get("target") == target and previous.get("budgets") == {
         str(batch): steps for batch, steps in budgets.items()
     }
     if not same:
         return {}
+    same_preset = previous.get("thor_preset") == preset
     return {
         _key(r["batch"], r["optimizer"], r["point"]["lr"]): r
         for r in previous["runs"]
+        if same_preset or r["optimizer"] != THOR_RECOMMENDED
     }
 
 
@@ -263,7 +267,9 @@ def main():
         f"(f) target {target}; budgets {budgets}"
     )
     path = pathlib.Path(f"{args.prefix}.json")
-    done = recorded_runs(outcomes.read(path), target, budgets)
+    preset = outcomes.plain(keras_thor.optimizers.THOR.RECOMMENDED)
+    done = recorded_runs(outcomes.read(path), target, budgets, preset)
+    header = dict(target=target, budgets=budgets, thor_preset=preset)
     if done:
         say(f"resuming: {len(done)} runs read back from {path}")
     records, summary = [], {name: {} for name in points}
@@ -278,21 +284,13 @@ def main():
                     )
                     outcomes.write(
                         path,
-                        dict(
-                            target=target,
-                            budgets=budgets,
-                            summary=summary,
-                            runs=list(done.values()),
-                        ),
+                        dict(header, summary=summary, runs=list(done.values())),
                     )
                 runs.append(done[key])
             records += runs
             best = best_at_batch(runs)
             summary[name][batch] = steps_to_target(best)[0] if best else None
-    outcomes.write(
-        path,
-        dict(target=target, budgets=budgets, summary=summary, runs=records),
-    )
+    outcomes.write(path, dict(header, summary=summary, runs=records))
     say("\nsteps to the target (best of 3 rates):")
     say(f"{'optimizer':<22}" + "".join(f"{b:>8}" for b in args.batches))
     for name, row in summary.items():

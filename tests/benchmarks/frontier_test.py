@@ -103,14 +103,26 @@ def test_nanogpt_schedule_keeps_its_sequences_at_a_larger_batch():
 
 
 def test_a_rerun_reads_back_the_runs_of_the_same_frontier():
-    budgets = {12: 4000, 24: 2500}
+    budgets, preset = {12: 4000, 24: 2500}, {"learning_rate": 1e-3}
     lr = frontier.rates(1e-3, 24)[0]
-    run = dict(
-        batch=24, optimizer=harness.MUON, point=dict(lr=float(f"{lr:.17g}"))
+    point = dict(lr=float(f"{lr:.17g}"))
+    runs = [
+        dict(batch=24, optimizer=name, point=point)
+        for name in (harness.MUON, harness.THOR_RECOMMENDED)
+    ]
+    previous = dict(
+        target=1.8,
+        budgets={"12": 4000, "24": 2500},
+        thor_preset=preset,
+        runs=runs,
     )
-    previous = dict(target=1.8, budgets={"12": 4000, "24": 2500}, runs=[run])
-    done = frontier.recorded_runs(previous, 1.8, budgets)
-    assert done[frontier._key(24, harness.MUON, lr * (1 + 1e-12))] is run
-    assert frontier.recorded_runs(previous, 1.7, budgets) == {}
-    assert frontier.recorded_runs(previous, 1.8, {12: 4000}) == {}
-    assert frontier.recorded_runs({}, 1.8, budgets) == {}
+    done = frontier.recorded_runs(previous, 1.8, budgets, preset)
+    for run in runs:
+        key = frontier._key(24, run["optimizer"], lr * (1 + 1e-12))
+        assert done[key] is run
+    # Another preset: THOR runs again, the baselines' runs stand.
+    other = frontier.recorded_runs(previous, 1.8, budgets, {"learning_rate": 1})
+    assert list(other.values()) == runs[:1]
+    assert frontier.recorded_runs(previous, 1.7, budgets, preset) == {}
+    assert frontier.recorded_runs(previous, 1.8, {12: 4000}, preset) == {}
+    assert frontier.recorded_runs({}, 1.8, budgets, preset) == {}
