@@ -32,17 +32,19 @@ The protocol, fixed on 2026-12-06 before any THOR run of it
 Writes `<prefix>.json` (every run's record, after each run) and
 `<prefix>.png` (steps against batch, log-log, with each optimizer's
 perfect-scaling line). Run again with the same prefix, it resumes: a run
-already recorded there (same target and budgets; same batch, optimizer
-and rate; for THOR, the same `THOR.RECOMMENDED`) is read back, not run
-again. A run's steps do not depend on what
-ran before it in the process (each starts from its seed's weights with
-its functions traced anew), so a resumed frontier equals one run whole.
+already recorded there (same target, the same budget at its batch, the
+same optimizer and point; for THOR the same `THOR.RECOMMENDED`) is read
+back, not run again. A run's steps do not depend on what ran before it
+in the process (each starts from its seed's weights with its functions
+traced anew), so a resumed frontier takes the steps one run whole would;
+its seconds come from different processes, maybe different days.
 
     KERAS_BACKEND=jax python benchmarks/thor_batch_frontier.py
 """
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import pathlib
@@ -165,25 +167,26 @@ def leaves_perfect_scaling(steps):
 
 
 def recorded_runs(previous, target, budgets, preset):
-    """`{(batch, optimizer, rate): record}` of a frontier file's runs
-    (`previous`: its content, {} if none), those of another target or
-    other budgets left out, and THOR's if they ran another `preset` (its
+    """`{run key: record}` of a frontier file's runs (`previous`: its
+    content, {} if none): those of the same target, each at a batch with
+    the same budget, THOR's only if they ran the same `preset` (its
     `THOR.RECOMMENDED`)."""
-    same = previous.get("target") == target and previous.get("budgets") == {
-        str(batch): steps for batch, steps in budgets.items()
-    }
-    if not same:
+    if previous.get("target") != target:
         return {}
     same_preset = previous.get("thor_preset") == preset
+    recorded_budgets = previous.get("budgets", {})
     return {
-        _key(r["batch"], r["optimizer"], r["point"]["lr"]): r
+        run_key(r["batch"], r["optimizer"], r["point"]): r
         for r in previous["runs"]
-        if same_preset or r["optimizer"] != THOR_RECOMMENDED
+        if recorded_budgets.get(str(r["batch"])) == budgets.get(r["batch"])
+        and (same_preset or r["optimizer"] != THOR_RECOMMENDED)
     }
 
 
-def _key(batch, name, rate):
-    return batch, name, float(f"{rate:.6g}")
+def run_key(batch, name, point):
+    """What makes two runs the same: the batch, the optimizer and its
+    whole point (rate, schedule, ...) as JSON."""
+    return batch, name, json.dumps(outcomes.plain(point), sort_keys=True)
 
 
 def _run(task, data, name, point, target):
@@ -268,29 +271,40 @@ def main():
     )
     path = pathlib.Path(f"{args.prefix}.json")
     preset = outcomes.plain(keras_thor.optimizers.THOR.RECOMMENDED)
-    done = recorded_runs(outcomes.read(path), target, budgets, preset)
-    header = dict(target=target, budgets=budgets, thor_preset=preset)
+    previous = outcomes.read(path)
+    done = recorded_runs(previous, target, budgets, preset)
     if done:
         say(f"resuming: {len(done)} runs read back from {path}")
-    records, summary = [], {name: {} for name in points}
+    summary = {name: {} for name in points}
+    # The budgets of every batch run so far, those of other batch lists
+    # included: their runs stay in the file.
+    header = dict(
+        target=target,
+        budgets={
+            **previous.get("budgets", {}),
+            **{str(batch): steps for batch, steps in budgets.items()},
+        },
+        thor_preset=preset,
+    )
+
+    def write():
+        runs = list(done.values())
+        outcomes.write(path, dict(header, summary=summary, runs=runs))
+
     for batch, task in frontier.items():
         for name, point in points.items():
             runs = []
             for lr in rates(point["lr"], batch):
-                key = _key(batch, name, lr)
+                key = run_key(batch, name, dict(point, lr=lr))
                 if key not in done:
                     done[key] = _run(
                         task, data, name, dict(point, lr=lr), target
                     )
-                    outcomes.write(
-                        path,
-                        dict(header, summary=summary, runs=list(done.values())),
-                    )
+                    write()
                 runs.append(done[key])
-            records += runs
             best = best_at_batch(runs)
             summary[name][batch] = steps_to_target(best)[0] if best else None
-    outcomes.write(path, dict(header, summary=summary, runs=records))
+    write()
     say("\nsteps to the target (best of 3 rates):")
     say(f"{'optimizer':<22}" + "".join(f"{b:>8}" for b in args.batches))
     for name, row in summary.items():

@@ -2,6 +2,7 @@
 rates and baseline, the scaling rule, and nanoGPT's schedule at a larger
 batch."""
 
+import json
 import pathlib
 import sys
 
@@ -104,25 +105,26 @@ def test_nanogpt_schedule_keeps_its_sequences_at_a_larger_batch():
 
 def test_a_rerun_reads_back_the_runs_of_the_same_frontier():
     budgets, preset = {12: 4000, 24: 2500}, {"learning_rate": 1e-3}
-    lr = frontier.rates(1e-3, 24)[0]
-    point = dict(lr=float(f"{lr:.17g}"))
+    point = dict(lr=frontier.rates(1e-3, 24)[0], schedule="cosine")
     runs = [
-        dict(batch=24, optimizer=name, point=point)
+        dict(batch=24, optimizer=name, point=json.loads(json.dumps(point)))
         for name in (harness.MUON, harness.THOR_RECOMMENDED)
     ]
     previous = dict(
         target=1.8,
-        budgets={"12": 4000, "24": 2500},
+        budgets={"24": 2500, "96": 977},
         thor_preset=preset,
         runs=runs,
     )
     done = frontier.recorded_runs(previous, 1.8, budgets, preset)
     for run in runs:
-        key = frontier._key(24, run["optimizer"], lr * (1 + 1e-12))
-        assert done[key] is run
+        assert done[frontier.run_key(24, run["optimizer"], point)] is run
+    # Another schedule at the same rate is another run.
+    other_point = dict(point, schedule="constant")
+    assert frontier.run_key(24, harness.MUON, other_point) not in done
     # Another preset: THOR runs again, the baselines' runs stand.
     other = frontier.recorded_runs(previous, 1.8, budgets, {"learning_rate": 1})
     assert list(other.values()) == runs[:1]
     assert frontier.recorded_runs(previous, 1.7, budgets, preset) == {}
-    assert frontier.recorded_runs(previous, 1.8, {12: 4000}, preset) == {}
+    assert frontier.recorded_runs(previous, 1.8, {24: 2000}, preset) == {}
     assert frontier.recorded_runs({}, 1.8, budgets, preset) == {}

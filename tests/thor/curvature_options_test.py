@@ -217,6 +217,42 @@ def test_kl_clip_scale_is_one_for_zero_or_non_finite_products():
         assert _np(scale) == 1.0, inner
 
 
+def test_a_held_guard_scale_is_applied_and_a_refresh_keeps_it_if_not_finite():
+    directions = {"w": ops.convert_to_tensor([[1.0, -2.0]])}
+    velocities = {"w": ops.convert_to_tensor([[0.5, 0.5]])}
+
+    def guard(norm, **kwargs):
+        steps, scale = kl_guard.guarded_directions(
+            directions,
+            {},
+            velocities,
+            norm,
+            0.1,
+            0.9,
+            1e-3,
+            "velocity",
+            **kwargs,
+        )
+        return _np(steps["w"]), float(_np(scale))
+
+    def never(steps):
+        raise AssertionError("a held ν measures nothing")
+
+    held = ops.convert_to_tensor(0.25)
+    steps, scale = guard(never, held_scale=held)
+    # ν·(μ·v + d) − μ·v
+    np.testing.assert_allclose(
+        steps, [[0.25 * 1.45 - 0.45, 0.25 * -1.55 - 0.45]], rtol=1e-6
+    )
+    assert scale == 0.25
+    _, scale = guard(
+        lambda steps: ops.convert_to_tensor(np.nan), fallback_scale=held
+    )
+    assert scale == 0.25
+    _, scale = guard(lambda steps: ops.convert_to_tensor(np.nan))
+    assert scale == 1.0
+
+
 # The sampled Fisher's losses.
 
 SUPPORTED = [

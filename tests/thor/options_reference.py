@@ -282,8 +282,20 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
             for i, name in kernels
         }
         steps = {key: kept[key] + directions[key[0]][key[1]] for key in kept}
+        scale = (
+            held
+            if held is not None
+            else self._velocity_scale(steps, learning_rate)
+        )
+        for i, name in kernels:
+            directions[i][name] = scale * steps[(i, name)] - kept[(i, name)]
+        return scale
+
+    def _velocity_scale(self, steps, learning_rate):
+        """`ν` of the velocities `steps`: `Σ ⟨u, F u⟩` in the averaged
+        factors' `split_dim` blocks."""
         inner = 0.0
-        for index in {i for i, _ in kernels}:
+        for index in {i for i, _ in steps}:
             assert self.model[index]["type"] == "dense"
             a_factor, g_factor, scale = self.current_factors(index)
             joint = (index, "bias") in steps
@@ -297,12 +309,7 @@ class OptionsReferenceTHOR(reference.ReferenceTHOR):
                 rows.append(steps[(index, "bias")][None])
             u = np.vstack(rows)
             inner += float(np.sum(u * (a_blocks @ u @ g_blocks)))
-        scale = scale_of(inner, learning_rate, self.kl_clip)
-        if held is not None:
-            scale = held
-        for i, name in kernels:
-            directions[i][name] = scale * steps[(i, name)] - kept[(i, name)]
-        return scale
+        return scale_of(inner, learning_rate, self.kl_clip)
 
     def _gather(self, weights, x, captures):
         """Appends this step's `(A, G, c)` of every THOR layer."""

@@ -66,6 +66,8 @@ class Guard:
         loss_scale: The scale of the step's gradients.
         held_scale: `None` (the step measures `ν`) or the `ν` it applies
             (`kl_clip_steps="refresh"` between refreshes).
+        fallback_scale: The `ν` of a non-finite sum (`None`: 1; the last
+            `ν` on refresh steps with `kl_clip_steps="refresh"`).
     """
 
     kl_clip: float
@@ -77,6 +79,7 @@ class Guard:
     batch_size: float
     loss_scale: object
     held_scale: object = None
+    fallback_scale: object = None
 
 
 def _positions(plan, variables, grads):
@@ -194,6 +197,7 @@ def _guarded(plan, blocks, curvature, variables, grads, guard):
         guard.kl_clip,
         guard.mode,
         guard.held_scale,
+        guard.fallback_scale,
     )
     return {
         p: ops.cast(step * (guard.loss_scale / count), variables[p].dtype)

@@ -222,8 +222,9 @@ class CurvatureEstimator:
         guard = self.option(KlGuardState)
         return None if guard is None else guard.last_scale
 
-    def last_guard_scale(self):
-        """The last step's guard scale `ν` (`kl_clip`), a float32 tensor."""
+    def held_guard_scale(self):
+        """The stored guard scale `ν` as a float32 tensor: what the steps
+        between refreshes apply with `kl_clip_steps="refresh"`."""
         return ops.convert_to_tensor(self.option(KlGuardState).scale)
 
     def record_guard_scale(self, scale, writes):

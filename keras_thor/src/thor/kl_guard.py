@@ -10,8 +10,9 @@ d_i = A_i⁻¹ · g_i · G_i⁻¹                 for each guarded kernel i
     u_i = μ · v_i + d_i                   the velocity the step would leave
     ν   = min(1, sqrt(kl_clip / |lr² · Σ_i ⟨u_i, F̂_i u_i⟩|))
     d_i ← ν · u_i − μ · v_i               so the step leaves ν · u_i
-kl_clip_steps="refresh": ν is measured on refresh steps only; the steps
-    between take the last refresh step's ν (no sum)
+kl_clip_steps="refresh": ν is measured on refresh steps only (a
+    non-finite sum keeps the last ν); the steps between take the last
+    refresh step's ν (no sum)
 ```
 
 Notation:
@@ -43,12 +44,14 @@ from keras_thor.src.backend.values import numpy_value
 from keras_thor.src.thor.option_state import OptionState
 
 
-def kl_clip_scale(inner_product, learning_rate, kl_clip):
-    """`ν = min(1, sqrt(kl_clip / |lr² · Σ ⟨d, g⟩|))`, 1 for a zero or
-    non-finite `inner_product`."""
+def kl_clip_scale(inner_product, learning_rate, kl_clip, fallback=None):
+    """`ν = min(1, sqrt(kl_clip / |lr² · Σ ⟨d, g⟩|))`, 1 for a zero
+    `inner_product`, `fallback` (default 1) for a non-finite one."""
     quadratic = ops.abs(learning_rate * learning_rate * inner_product)
     scale = ops.minimum(1.0, ops.sqrt(kl_clip / ops.maximum(quadratic, 1e-30)))
-    return ops.where(ops.isfinite(quadratic), scale, ops.ones_like(scale))
+    if fallback is None:
+        fallback = ops.ones_like(scale)
+    return ops.where(ops.isfinite(quadratic), scale, fallback)
 
 
 def guarded_directions(
@@ -61,6 +64,7 @@ def guarded_directions(
     kl_clip,
     mode,
     held_scale=None,
+    fallback_scale=None,
 ):
     """`({key: ν·u − μ·v}, ν)` of the guarded `directions`.
 
@@ -69,9 +73,11 @@ def guarded_directions(
     the velocities are read in `"velocity"` mode only);
     `curvature_norm(u)` is `Σ ⟨u_i, F̂_i u_i⟩` of `{key: u}`. With
     `mode="direction"`, `u = d` and no `μ·v` is kept. Non-finite inner
-    products give `ν = 1` (the update then leaves non-finite directions
-    out). `held_scale`: a `ν` to apply instead of measuring one (the
-    steps between refreshes with `kl_clip_steps="refresh"`).
+    products give `ν = fallback_scale`, default 1 (the update then leaves
+    non-finite directions out). `held_scale`: a `ν` to apply instead of
+    measuring one (the steps between refreshes with
+    `kl_clip_steps="refresh"`, whose refresh steps fall back on the last
+    `ν`).
     """
     if mode == "velocity":
         kept = {
@@ -83,14 +89,15 @@ def guarded_directions(
         kept, steps = {}, directions
     if held_scale is not None:
         scale = held_scale
-    elif mode == "velocity":
-        scale = kl_clip_scale(curvature_norm(steps), learning_rate, kl_clip)
     else:
-        inner = sum(
-            ops.sum(direction * gradients[key])
-            for key, direction in directions.items()
-        )
-        scale = kl_clip_scale(inner, learning_rate, kl_clip)
+        if mode == "velocity":
+            inner = curvature_norm(steps)
+        else:
+            inner = sum(
+                ops.sum(direction * gradients[key])
+                for key, direction in directions.items()
+            )
+        scale = kl_clip_scale(inner, learning_rate, kl_clip, fallback_scale)
     return {
         key: scale * step - kept.get(key, 0.0) for key, step in steps.items()
     }, scale

@@ -85,9 +85,11 @@ CURVATURE_OPTION_ARGS = """split_indices: Sorted layer indices after which the
             `factor_decay`. Defaults to `"direction"`.
         kl_clip_steps: `"every"` (kfac-pytorch: `ν` is measured on every
             step) or `"refresh"`: `ν` is measured on the refresh steps
-            (every `frequency` steps) and the steps between apply the
-            last one, without the guard's sum (on the velocity, one
-            product with the factors per block). Defaults to `"every"`.
+            (every `frequency` steps; a non-finite sum keeps the last
+            one) and the steps between apply it, without the guard's sum
+            (on the velocity, one product with the factors per block),
+            measured at the refresh step's learning rate. Defaults to
+            `"every"`.
         precondition_biases: `None` (MindSpore: biases take the plain
             gradient), `"shared"` or `"all"`: precondition the biases of
             layers with Kronecker curvature as K-FAC's homogeneous

@@ -60,12 +60,13 @@ def _sampled_fisher_loss(model, thor, y_pred):
 def _guard(thor, loss_scale, invert):
     """The step-size guard's `Guard` (`kl_clip`), else `None`; with
     `kl_clip_steps="refresh"` a step that does not `invert` holds the last
-    `ν`."""
+    `ν`, and one that does keeps it if its sum is not finite."""
     if thor.kl_clip is None:
         return None
-    held = None
-    if thor.kl_clip_steps == "refresh" and not invert:
-        held = thor.estimator.last_guard_scale()
+    held = fallback = None
+    if thor.kl_clip_steps == "refresh":
+        last = thor.estimator.held_guard_scale()
+        held, fallback = (None, last) if invert else (last, None)
     return Guard(
         kl_clip=thor.kl_clip,
         mode=thor.kl_clip_mode,
@@ -76,6 +77,7 @@ def _guard(thor, loss_scale, invert):
         batch_size=float(thor.batch_size),
         loss_scale=loss_scale,
         held_scale=held,
+        fallback_scale=fallback,
     )
 
 
