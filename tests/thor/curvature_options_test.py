@@ -221,16 +221,16 @@ def test_a_held_guard_scale_is_applied_and_a_refresh_keeps_it_if_not_finite():
     directions = {"w": ops.convert_to_tensor([[1.0, -2.0]])}
     velocities = {"w": ops.convert_to_tensor([[0.5, 0.5]])}
 
-    def guard(norm, **kwargs):
+    def guard(norm, mode="velocity", **kwargs):
         steps, scale = kl_guard.guarded_directions(
             directions,
-            {},
+            {"w": ops.convert_to_tensor([[np.nan, np.nan]])},  # direction's g
             velocities,
             norm,
             0.1,
             0.9,
             1e-3,
-            "velocity",
+            mode,
             **kwargs,
         )
         return _np(steps["w"]), float(_np(scale))
@@ -244,6 +244,11 @@ def test_a_held_guard_scale_is_applied_and_a_refresh_keeps_it_if_not_finite():
     np.testing.assert_allclose(
         steps, [[0.25 * 1.45 - 0.45, 0.25 * -1.55 - 0.45]], rtol=1e-6
     )
+    assert scale == 0.25
+    steps, scale = guard(never, "direction", held_scale=held)
+    np.testing.assert_allclose(steps, [[0.25, -0.5]])  # ν·d
+    # A non-finite sum: the direction's from `g`, the velocity's from `norm`.
+    _, scale = guard(never, "direction", fallback_scale=held)
     assert scale == 0.25
     _, scale = guard(
         lambda steps: ops.convert_to_tensor(np.nan), fallback_scale=held

@@ -223,8 +223,20 @@ def test_factor_decay_and_statistics_frequency_follow_the_reference(
             "statistics_frequency": 1,
             "compile_options": {"steps_per_execution": 2},
         },
+        {
+            "kl_clip_mode": "velocity",
+            "kl_clip_steps": "refresh",
+            "burn_in_steps": 2,
+            "factor_decay": 0.8,
+            "statistics_frequency": 1,
+        },
     ],
-    ids=["direction", "velocity-joint", "velocity-refresh-fused"],
+    ids=[
+        "direction",
+        "velocity-joint",
+        "velocity-refresh-fused",
+        "velocity-refresh-burn-in",
+    ],
 )
 def test_kl_clip_follows_the_reference_and_logs_the_guard_scale(options):
     frequency = 3
@@ -243,8 +255,15 @@ def test_kl_clip_follows_the_reference_and_logs_the_guard_scale(options):
     # The guard is active on some steps, not on others.
     assert (scales < 0.999).any() and (scales == 1.0).any(), scales
     _assert_follows(recorder.weights, [expected[i] for i in recorder.steps])
-    logged = [logs["thor_guard_scale"] for logs in recorder.logs]
-    np.testing.assert_allclose(logged, scales[recorder.steps], rtol=1e-4)
+    # `scales` has one ν per update: burn-in steps update nothing.
+    burned = options.get("burn_in_steps", 0)
+    logged = [
+        logs["thor_guard_scale"]
+        for step, logs in zip(recorder.steps, recorder.logs)
+        if step >= burned
+    ]
+    updates = [step - burned for step in recorder.steps if step >= burned]
+    np.testing.assert_allclose(logged, scales[updates], rtol=1e-4)
     np.testing.assert_allclose(
         model.optimizer.estimator.guard_scale, scales[-1], rtol=1e-4
     )
