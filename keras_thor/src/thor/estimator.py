@@ -262,7 +262,7 @@ class CurvatureEstimator:
             sample_grads = ops.cast(output_grad, "float32") * sample_scale
             block = self._blocks[index]
             examples = self.options.statistics_rows
-            if call.block.convolutional:
+            if block.convolutional:
                 examples = self.options.conv_statistics_rows or examples
             if examples == STATISTICS_ROWS_WIDTH:
                 examples = block.examples_for_width(sample_grads)
