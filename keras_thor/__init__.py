@@ -9,6 +9,7 @@ from keras_thor import schedules
 from keras_thor.src.thor.convert import convert_to_thor_model
 from keras_thor.src.thor.convert import to_keras_model
 from keras_thor.src.thor.coverage import curvature_coverage
+from keras_thor.src.thor.loading import load_model
 from keras_thor.src.thor.optimizer import THOR as thor
 from keras_thor.src.version import __version__
 
@@ -18,6 +19,7 @@ __all__ = [
     "convert_to_thor_model",
     "curvature_coverage",
     "layers",
+    "load_model",
     "models",
     "optimizers",
     "schedules",

@@ -66,6 +66,7 @@ def test_public_modules_export_the_optimizers_and_callbacks():
         keras_thor.models.convert_to_thor_model
     )
     assert keras_thor.to_keras_model is keras_thor.models.to_keras_model
+    assert keras_thor.load_model is keras_thor.models.load_model
     assert keras_thor.curvature_coverage.__doc__
     assert keras_thor.callbacks.__all__ == [
         "DimReduce",

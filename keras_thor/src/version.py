@@ -1,3 +1,3 @@
 """The single place that holds the keras_thor version."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

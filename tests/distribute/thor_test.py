@@ -269,3 +269,25 @@ def test_sampled_fisher_on_two_replicas_trains_and_replicas_agree():
     assert all(np.isfinite(v).all() for v in helpers.optimizer_state(thor))
     # The replicas drew other targets but share the reduced statistics.
     helpers.assert_replicas_identical(thor.variables + mirrored.weights)
+
+
+def test_keras_hub_causal_lm_on_two_replicas_equals_one_device():
+    pytest.importorskip("keras_hub")
+    from tests.thor.users_models_test import causal_lm
+    from tests.thor.users_models_test import token_data
+
+    x, y = token_data(rows=400)  # 50 steps of 8
+
+    def trained(strategy):
+        scope = strategy.scope() if strategy else contextlib.nullcontext()
+        with scope:
+            model = causal_lm(batch_size=8)
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        assert model.optimizer.iterations.numpy() == 50
+        return model
+
+    one = trained(None)
+    two = trained(helpers.mirrored_strategy(2))
+    helpers.assert_all_close(
+        helpers.weights_of(two), helpers.weights_of(one), atol=1e-4, rtol=1e-4
+    )

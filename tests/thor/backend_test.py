@@ -134,9 +134,9 @@ _CONTINUE_ON_OTHER_BACKEND = """
 import os, sys
 os.environ["KERAS_BACKEND"] = sys.argv[1]
 import keras, numpy as np
-import keras_thor  # noqa: F401 (registers THOR for loading)
+import keras_thor
 from tests.fixtures import generate_saved_states as saved
-model = keras.models.load_model(sys.argv[2])
+model = keras_thor.load_model(sys.argv[2])
 saved.fit(model, saved.CASES["thor_default"].data(), 1, [])
 np.savez(sys.argv[3], *saved.weights_of(model), *saved.optimizer_state(model))
 """

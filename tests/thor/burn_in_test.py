@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import pytest
 
+import keras_thor
 from keras_thor.optimizers import THOR
 from keras_thor.src.thor.schedule import RefreshSchedule
 from tests import helpers
@@ -138,7 +139,7 @@ def test_keras_file_saved_during_burn_in_resumes_as_uninterrupted(
     assert int(model.optimizer.iterations.numpy()) == 0
     path = tmp_path / "thor.keras"
     model.save(path)
-    loaded = keras.models.load_model(path)
+    loaded = keras_thor.load_model(path)
     restored = loaded.optimizer
     assert restored.burn_in_steps == 4
     assert (restored.damping_split, restored.precondition_biases) == (

@@ -1,6 +1,7 @@
-"""Users' unregistered layers and `Lambda` layers through the rebuilds:
-`convert_to_thor_model`, THOR training, `.keras` files, `to_keras_model`,
-`to_boost_model`, and the one-line refusals."""
+"""Users' unregistered layers and `Lambda` layers: converted in place
+(`convert_to_thor_model`), THOR training, `.keras` files, and through the
+rebuilds that remain (`to_keras_model` of keras_thor's model classes,
+`to_boost_model`) with their one-line refusals."""
 
 import keras
 import numpy as np
@@ -114,7 +115,7 @@ def test_convert_fit_save_and_load(kind, tmp_path):
     converted.save(path)
     # Keras stores a Python lambda as bytecode: loading it needs
     # `safe_mode=False` (and the lambda must not use module globals).
-    loaded = keras.models.load_model(
+    loaded = keras_thor.load_model(
         path, custom_objects=CUSTOM_OBJECTS, safe_mode=False
     )
     assert type(loaded) is type(converted)
@@ -193,8 +194,10 @@ class DefaultUnits(keras.layers.Dense):
 
 
 def _refusal(model):
+    # Conversion takes the model as it is; a rebuild cannot.
+    assert keras_thor.convert_to_thor_model(model) is model
     with pytest.raises(ValueError) as info:
-        keras_thor.convert_to_thor_model(model)
+        keras_thor.boost.to_boost_model(model)
     message = str(info.value)
     assert "\n" not in message
     return message

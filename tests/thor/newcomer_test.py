@@ -86,7 +86,7 @@ def test_skipped_updates_are_counted_logged_warned_and_saved(tmp_path):
 
     path = str(tmp_path / "model.keras")
     model.save(path)
-    loaded = keras.models.load_model(path)
+    loaded = keras_thor.load_model(path)
     assert loaded.optimizer.skipped_updates == 2
 
 
@@ -159,7 +159,7 @@ def test_batch_size_is_taken_from_fit_and_saved(tmp_path):
 
     path = str(tmp_path / "model.keras")
     model.save(path)
-    loaded = keras.models.load_model(path)
+    loaded = keras_thor.load_model(path)
     assert loaded.optimizer.batch_size == BATCH
     assert loaded.optimizer.get_config()["batch_size"] is None
     with warnings.catch_warnings(record=True) as records:

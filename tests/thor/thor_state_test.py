@@ -133,8 +133,8 @@ def test_keras_file_resume_equals_uninterrupted(tmp_path):
     _fit(model, epochs=2)  # 12 steps: the next refresh is step 12
     path = tmp_path / "thor.keras"
     model.save(path)
-    loaded = keras.models.load_model(path)
-    assert isinstance(loaded, keras_thor.models.ThorFunctional)
+    loaded = keras_thor.load_model(path)
+    assert type(loaded) is type(model)
     assert type(loaded.optimizer) is keras_thor.optimizers.THOR
     helpers.assert_all_close(
         helpers.optimizer_state(loaded.optimizer),

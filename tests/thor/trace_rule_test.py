@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from keras import ops
 
+import keras_thor
 from keras_thor.optimizers import THOR
 from keras_thor.src.thor import block_inverse
 from keras_thor.src.thor import trace_rule
@@ -256,7 +257,7 @@ def test_stopped_layers_keep_their_inverses_through_save_and_load(tmp_path):
     assert sum(state.stopped for state in _states(optimizer)) == 2
     path = str(tmp_path / "model.keras")
     model.save(path)
-    restored = keras.models.load_model(path)
+    restored = keras_thor.load_model(path)
     restored_optimizer = restored.optimizer
     assert restored_optimizer.trace_thresholds == (1e9, 1e9)
     for name in ("last_trace", "stopped"):

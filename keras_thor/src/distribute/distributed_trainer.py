@@ -1,10 +1,11 @@
 """Keras's training and test steps, mended for tf.distribute.
 
-Keras 3.15 goes wrong in three places that keras_thor's model classes put
-right for every optimizer (see docs/distributed.md):
+Keras 3.15 goes wrong in three places that keras_thor's model classes (and
+converted models) put right for every optimizer (see docs/distributed.md):
 
-- under `MultiWorkerMirroredStrategy`, `fit` and `evaluate` reduce the
-  first distributed batch eagerly (`_maybe_symbolic_build`), which fails;
+- under a strategy, `fit` and `evaluate` average the first distributed
+  batch eagerly (`_maybe_symbolic_build`), which fails under
+  `MultiWorkerMirroredStrategy` and for boolean inputs;
 - there they also reduce every scalar log along axis 0, which fails
   (`reduce_per_replica`): the steps give their logs a replica axis;
 - a `LossScaleOptimizer` under MirroredStrategy decides from replica 0's
@@ -52,6 +53,51 @@ def _with_replica_axis(logs):
     )
 
 
+def mended_symbolic_build(model, keras_build, iterator=None, data_batch=None):
+    """Keras's `_maybe_symbolic_build` (`keras_build`), from one replica's
+    first batch under a strategy of several replicas.
+
+    Keras averages the first distributed batch across the replicas only to
+    learn its structure and shapes, which fails across workers and for
+    boolean inputs (a keras-hub padding mask): one replica's batch does
+    that.
+    """
+    strategy = model.distribute_strategy
+    replicas = getattr(strategy, "num_replicas_in_sync", 1)
+    if iterator is not None and (
+        replicas > 1 or in_multi_worker_mode(strategy)
+    ):
+        for _, _, batches in iterator:
+            data_batch = keras.tree.map_structure(
+                lambda value: local_value(strategy, value), next(batches)
+            )
+            break
+        iterator = None
+    keras_build(iterator=iterator, data_batch=data_batch)
+
+
+def mended_train_step(model, keras_step, *args):
+    """Keras's training step, mended for tf.distribute on TensorFlow
+    (`keras_step` elsewhere)."""
+    if keras.backend.backend() != "tensorflow":
+        return keras_step(*args)
+    logs = keras_train_step(model, *args)
+    if in_multi_worker_mode(model.distribute_strategy):
+        return _with_replica_axis(logs)
+    return logs
+
+
+def mended_test_step(model, keras_step, *args):
+    """`keras_step` (Keras's test step), its logs with a replica axis
+    under MultiWorkerMirroredStrategy."""
+    logs = keras_step(*args)
+    if keras.backend.backend() != "tensorflow":
+        return logs
+    if in_multi_worker_mode(model.distribute_strategy):
+        return _with_replica_axis(logs)
+    return logs
+
+
 class DistributedTrainer:
     """Mixin: Keras's TensorFlow steps, correct under tf.distribute.
 
@@ -72,35 +118,19 @@ class DistributedTrainer:
         return super().make_test_function(force=force)
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        strategy = self.distribute_strategy
-        if iterator is not None and in_multi_worker_mode(strategy):
-            # Keras reduces the first batch across workers only to learn
-            # its structure and shapes: one worker's batch does that.
-            for _, _, batches in iterator:
-                data_batch = keras.tree.map_structure(
-                    lambda value: local_value(strategy, value), next(batches)
-                )
-                break
-            iterator = None
-        super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+        mended_symbolic_build(
+            self, super()._maybe_symbolic_build, iterator, data_batch
+        )
 
     def train_step(self, *args):
-        if keras.backend.backend() != "tensorflow":
-            return super().train_step(*args)
-        logs = keras_train_step(self, *args)
-        if in_multi_worker_mode(self.distribute_strategy):
-            return _with_replica_axis(logs)
-        return logs
+        return mended_train_step(self, super().train_step, *args)
 
     def test_step(self, *args):
-        logs = super().test_step(*args)
-        if keras.backend.backend() != "tensorflow":
-            return logs
-        if in_multi_worker_mode(self.distribute_strategy):
-            return _with_replica_axis(logs)
-        return logs
+        return mended_test_step(self, super().test_step, *args)
 
 
 def has_own_train_step(model):
-    """Whether `model`'s class overrides keras_thor's `train_step`."""
-    return type(model).train_step is not DistributedTrainer.train_step
+    """Whether `model`'s class overrides the training step of Keras's
+    backend trainer (or of keras_thor's model classes)."""
+    step = type(model).train_step
+    return step not in (DistributedTrainer.train_step, keras.Model.train_step)

@@ -127,6 +127,12 @@ def hook_layer(layer, capture_call):
     object.__setattr__(layer, "call", types.MethodType(_hooked_call, layer))
 
 
+def unhook_layer(layer):
+    """Undoes `hook_layer`: `layer` runs its class's `call` again."""
+    layer.__dict__.pop(_CAPTURE_CALL, None)
+    layer.__dict__.pop("call", None)
+
+
 def call_inputs(args, kwargs):
     """The `inputs` argument of a Keras layer `call`."""
     return args[0] if args else kwargs["inputs"]

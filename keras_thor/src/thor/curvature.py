@@ -60,6 +60,50 @@ PLAIN_BY_RULE = (
     keras.layers.BatchNormalization,
     keras.layers.GroupNormalization,
 )
+# keras-hub's families' own RMS normalizations (scale only; they share no
+# base class), by package and class name: LayerNormalization's diagonal
+# rule on their scale, as on `keras.layers.RMSNormalization`'s.
+RMS_NORMALIZATIONS = {
+    ("keras_hub", "LlamaLayerNorm"),
+    ("keras_hub", "MistralLayerNormalization"),
+    ("keras_hub", "MixtralLayerNormalization"),
+    ("keras_hub", "RMSNormalization"),
+    ("keras_hub", "T5LayerNorm"),
+    ("keras_hub", "QwenLayerNorm"),
+    ("keras_hub", "Qwen3LayerNorm"),
+    ("keras_hub", "PhiLayerNormalization"),
+}
+# Why keras-hub's other layers with weights of their own stay first-order.
+KNOWN_FIRST_ORDER = {
+    ("keras_hub", "PositionEmbedding"): (
+        "a learned position table, the same rows for every example; no "
+        "curvature rule yet"
+    ),
+    ("keras_hub", "MixtralMoeExperts"): (
+        "expert kernels applied to the tokens routed to them; no curvature "
+        "rule yet"
+    ),
+    ("keras_hub", "ViTPatchingAndEmbedding"): (
+        "its class token, patch convolution and position table are one "
+        "layer's; no curvature rule yet"
+    ),
+    ("keras_hub", "T5MultiHeadAttention"): (
+        "its relative attention bias table; no curvature rule yet (its "
+        "projections are Dense layers, with curvature)"
+    ),
+}
+
+
+def _package_and_name(layer):
+    cls = type(layer)
+    return cls.__module__.split(".")[0], cls.__name__
+
+
+def _is_rms_normalization(layer):
+    return (
+        type(layer) is keras.layers.RMSNormalization
+        or _package_and_name(layer) in RMS_NORMALIZATIONS
+    )
 
 
 class LayerCurvature:
@@ -349,6 +393,15 @@ def layer_curvature(layer):
         curvature = LayerCurvature(layer, preconditioners)
         if not preconditioners:
             curvature.reason = "no scale or offset"
+    elif _is_rms_normalization(layer):
+        rule = NormalizationDiagonal(layer)
+        curvature = LayerCurvature(
+            layer, {v.path: rule for v in own_trainable_variables(layer)}
+        )
+    elif _package_and_name(layer) in KNOWN_FIRST_ORDER:
+        curvature = LayerCurvature(
+            layer, {}, KNOWN_FIRST_ORDER[_package_and_name(layer)]
+        )
     else:
         try:
             blocks, capture_call = _blocks(layer)
@@ -387,6 +440,17 @@ def attach_curvature(model):
                 setattr(variable, _PRECONDITIONER, preconditioner)
 
 
+def detach_curvature(model):
+    """Undoes `attach_curvature`: the layers run their class's `call`
+    again and no variable of `model` is marked."""
+    for layer in model_layers(model):
+        if layer.__dict__.pop(_CURVATURE, None) is not None:
+            capture.unhook_layer(layer)
+        for variable in layer.weights:
+            if hasattr(variable, _PRECONDITIONER):
+                delattr(variable, _PRECONDITIONER)
+
+
 def preconditioner_of(variable):
     """The block (or diagonal rule) of a marked variable, else `None`."""
     return getattr(variable, _PRECONDITIONER, None)
@@ -419,8 +483,8 @@ def preconditioners_of(variables, preconditions_bias, joint=False):
     `preconditioners[i]` is variable `i`'s block or diagonal rule, `None`
     for a bias that `preconditions_bias(bias_block)` leaves out (or, if
     `joint`, that joins its kernel's block); `blocks` is `{i: block}` of
-    the Kronecker blocks among them. Raises a `ValueError` when there is
-    none.
+    the Kronecker blocks among them (empty for a model that is not
+    converted).
     """
     preconditioners = []
     for variable in variables:
@@ -436,13 +500,58 @@ def preconditioners_of(variables, preconditions_bias, joint=False):
         for index, block in enumerate(preconditioners)
         if isinstance(block, KroneckerBlock)
     }
-    if not blocks:
-        raise ValueError(
-            "THOR found no layer with curvature among the "
-            f"{len(variables)} variables it trains. Convert the model "
-            "first: `model = keras_thor.convert_to_thor_model(model)`, "
-            "or subclass `keras_thor.models.ThorModel` instead of "
-            "`keras.Model` (`keras_thor.curvature_coverage(model)` "
-            "lists what THOR can precondition)."
-        )
     return preconditioners, blocks
+
+
+def first_order_indices(variables, preconditioners, blocks):
+    """The indices of the variables THOR has no curvature for: no
+    preconditioner (as `preconditioners_of` gives them), and not a bias
+    preconditioned in its kernel's block (`blocks`)."""
+    in_blocks = {
+        id(block.bias)
+        for block in blocks.values()
+        if isinstance(block, JointBiasKronecker)
+    }
+    return [
+        index
+        for index, (variable, preconditioner) in enumerate(
+            zip(variables, preconditioners)
+        )
+        if preconditioner is None and id(variable) not in in_blocks
+    ]
+
+
+NOT_CONVERTED = (
+    "Convert the model first: `model = "
+    "keras_thor.convert_to_thor_model(model)`. The conversion belongs to "
+    "the model instance: a copy made by `keras.models.clone_model`, or a "
+    "model opened with `keras.models.load_model`, is not converted "
+    "(`keras_thor.load_model(path)` opens a saved model converted, with "
+    "THOR's state)."
+)
+
+
+def require_curvature(model):
+    """Raises a `ValueError` unless some variable `model` trains has a
+    curvature block: the message names the frozen layers THOR would
+    precondition, or says to convert the model."""
+    if any(preconditioner_of(v) is not None for v in model.trainable_weights):
+        return
+    frozen = [
+        layer.name
+        for layer in model_layers(model)
+        if any(preconditioner_of(v) is not None for v in layer.weights)
+        and not layer.trainable_weights
+    ]
+    if frozen:
+        raise ValueError(
+            "THOR can precondition none of the variables this model "
+            f"trains: the layers with curvature are frozen "
+            f"(`trainable=False`): {frozen}. Unfreeze some of them, or "
+            f"train with another optimizer. Received: model={model.name}"
+        )
+    raise ValueError(
+        "THOR found no layer with curvature among the "
+        f"{len(model.trainable_weights)} variables model {model.name!r} "
+        f"trains. {NOT_CONVERTED}"
+    )

@@ -4,44 +4,9 @@ import keras
 
 from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.distribute.distributed_trainer import DistributedTrainer
-from keras_thor.src.distribute.own_training import OwnTraining
-from keras_thor.src.distribute.own_training import own_train_function
+from keras_thor.src.thor import fit_hooks
 from keras_thor.src.thor.curvature import attach_curvature
-from keras_thor.src.thor.train_function import ThorVariants
-from keras_thor.src.thor.train_function import thor_train_function
 from keras_thor.src.thor.training import thor_optimizer_of
-
-THOR_TRAINING = OwnTraining(
-    "THOR",
-    "its training step is written for TensorFlow's tape and JAX's vjp",
-    backends=("tensorflow", "jax"),
-)
-
-
-def check_distribution():
-    """Raises for a `keras.distribution` THOR does not train under (any
-    but `DataParallel`: `ModelParallel` lays THOR's state out on one
-    device of the mesh, which JAX refuses)."""
-    distribution = keras.distribution.distribution()
-    if distribution is None or isinstance(
-        distribution, keras.distribution.DataParallel
-    ):
-        return
-    raise ValueError(
-        "THOR trains under `keras.distribution.DataParallel` only; "
-        f"{type(distribution).__name__} is not supported yet (THOR's "
-        "curvature state has no layout on the device mesh). Use "
-        "`keras.distribution.DataParallel`, or another optimizer. "
-        f"Received: distribution={distribution!r}"
-    )
-
-
-def _resolved(optimizer):
-    """The optimizer `compile(optimizer=...)` will train with (a name or
-    a config resolved; the instance itself is passed on untouched)."""
-    if isinstance(optimizer, (str, dict)):
-        return keras.optimizers.get(optimizer)
-    return optimizer
 
 
 class ThorTrainer(DistributedTrainer):
@@ -63,9 +28,7 @@ class ThorTrainer(DistributedTrainer):
     """
 
     def compile(self, optimizer="rmsprop", *args, **kwargs):
-        if thor_optimizer_of(_resolved(optimizer)) is not None:
-            THOR_TRAINING.check_backend()
-            check_distribution()
+        fit_hooks.check_compile(optimizer)
         super().compile(optimizer, *args, **kwargs)
 
     def compile_from_config(self, config):
@@ -74,7 +37,7 @@ class ThorTrainer(DistributedTrainer):
         config = keras.saving.deserialize_keras_object(config)
         super().compile(**config)
         if thor_optimizer_of(self.optimizer) is not None:
-            THOR_TRAINING.warn_loaded()
+            fit_hooks.THOR_TRAINING.warn_loaded()
         if self.optimizer is not None and self.built:
             self.optimizer.build(self.trainable_variables)
 
@@ -97,18 +60,12 @@ class ThorTrainer(DistributedTrainer):
 
     def fit(self, *args, **kwargs):
         history = super().fit(*args, **kwargs)
-        # Arrays and `steps_per_epoch` never reach an end of data: read
-        # THOR's count of skipped updates once more (one host read).
-        if isinstance(self.train_function, ThorVariants):
-            self.train_function.check_skipped_updates()
+        fit_hooks.after_fit(self)
         return history
 
     def make_train_function(self, force=False):
-        if thor_optimizer_of(self.optimizer) is None:
-            return super().make_train_function(force=force)
-        check_distribution()
-        return own_train_function(
-            self, force, THOR_TRAINING, thor_train_function
+        return fit_hooks.make_train_function(
+            self, force, super().make_train_function
         )
 
 

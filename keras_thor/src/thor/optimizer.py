@@ -16,6 +16,8 @@ from keras_thor.src.thor import arguments
 from keras_thor.src.thor import capture
 from keras_thor.src.thor import update
 from keras_thor.src.thor.batch_size import BatchSizeFromFit
+from keras_thor.src.thor.curvature import NOT_CONVERTED
+from keras_thor.src.thor.curvature import first_order_indices
 from keras_thor.src.thor.curvature import preconditioners_of
 from keras_thor.src.thor.estimator import CurvatureEstimator
 from keras_thor.src.thor.options import CurvatureOptions
@@ -24,6 +26,7 @@ from keras_thor.src.thor.state_access import ThorStateAccess
 from keras_thor.src.utils import validation
 
 _fused_thor_updates = fused(update.thor_updates)
+_fused_adam_updates = fused(update.adam_updates)
 
 
 @keras_thor_export
@@ -109,7 +112,7 @@ class THOR(
             array with one value per training step (MindSpore style).
         damping: A float > 0, a `LearningRateSchedule`, or a 1-D array with
             one value per step: `λ`.
-        momentum: Float >= 0.
+        momentum: Float in `[0, 1]`.
         weight_decay: Float >= 0, added to the preconditioned gradient of
             the variables `decay_filter` selects. Defaults to `0.0`.
         loss_scale: Float > 0: the loss is multiplied by it before
@@ -178,7 +181,9 @@ class THOR(
             "learning_rate", learning_rate, False, True
         )
         damping = arguments.checked_rate("damping", damping, True, False)
-        momentum = validation.check_float("momentum", momentum, minimum=0.0)
+        momentum = validation.check_float(
+            "momentum", momentum, minimum=0.0, maximum=1.0
+        )
         weight_decay = validation.check_float(
             "weight_decay", weight_decay, minimum=0.0
         )
@@ -237,6 +242,7 @@ class THOR(
         "kl_clip": 0.01,
         "kl_clip_mode": "velocity",
         "conv_statistics_rows": 32,
+        "first_order": "adam",
     }
 
     @classmethod
@@ -246,18 +252,32 @@ class THOR(
         `learning_rate=1e-3, damping=1e-3, momentum=0.9, frequency=5,
         statistics_frequency=1, factor_decay=0.95, damping_split="pi",
         precondition_biases="joint", split_dim=256, kl_clip=0.01,
-        kl_clip_mode="velocity", conv_statistics_rows=32`
-        (`THOR.RECOMMENDED`): statistics every step into an average (a
-        convolution's from the first 32 examples of each batch), inverses
-        every 5 steps, Martens & Grosse's damping split, biases in their
-        kernels' blocks, whole factors up to 256 wide (wider ones in
-        256-wide diagonal blocks) and a step-size guard on the velocity;
-        chosen on the held-out seed of the benchmark tasks, one setting
-        for all of them, by epochs and then by seconds (docs/thor.md,
-        "Tuning THOR").
-        Any argument of `THOR` overrides these, e.g.
-        `THOR.recommended(learning_rate=3e-3, batch_size=128)`; without
-        `batch_size` THOR takes the batch `fit` trains with.
+        kl_clip_mode="velocity", conv_statistics_rows=32,
+        first_order="adam"` (`THOR.RECOMMENDED`): statistics every step
+        into an average (a convolution's from the first 32 examples of
+        each batch), inverses every 5 steps, Martens & Grosse's damping
+        split, biases in their kernels' blocks, whole factors up to 256
+        wide (wider ones in 256-wide diagonal blocks), a step-size guard on
+        the velocity, and Adam's step on the variables without curvature
+        (measured on recurrent models: docs/benchmarks.md, "THOR's rule
+        for variables without curvature"); the rest chosen on the
+        held-out seed of the benchmark tasks, one setting for all of them,
+        by epochs and then by seconds (docs/thor.md, "Tuning THOR").
+        Without `batch_size` THOR takes the batch `fit` trains with.
+
+        Example:
+
+        ```python
+        optimizer = keras_thor.optimizers.THOR.recommended(
+            learning_rate=3e-3
+        )
+        ```
+
+        Args:
+            **kwargs: Any argument of `THOR`; each overrides the preset's.
+
+        Returns:
+            A `THOR`.
         """
         return cls(**{**cls.RECOMMENDED, **kwargs})
 
@@ -292,6 +312,11 @@ class THOR(
             self.curvature_options.preconditions_bias,
             self.precondition_biases == "joint",
         )
+        if not blocks:
+            # Not a converted model's variables (Keras's loading builds
+            # the optimizer of every model it compiles): THOR builds once
+            # it is, and its training step says so until then.
+            return
         super().build(var_list)
         self._velocities = [
             self.add_variable_from_reference(v, "momentum") for v in var_list
@@ -314,6 +339,13 @@ class THOR(
             "int32",
             name="trained_batch_size",
         )
+        self._second_moments = {
+            index: self.add_variable_from_reference(
+                var_list[index], "second_moment"
+            )
+            for index in first_order_indices(var_list, preconditioners, blocks)
+            if self.first_order == "adam"
+        }
         # Whether this step skipped a variable's update: scratch, reset by
         # every step, so kept out of the saved state.
         object.__setattr__(
@@ -337,13 +369,21 @@ class THOR(
             return 0.0
         return self.decay_for(variable)
 
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        if not self.built:
+            raise ValueError(
+                "THOR is not built: none of the variables it was given has "
+                f"curvature. {NOT_CONVERTED}"
+            )
+        return super().stateless_apply(
+            optimizer_variables, grads, trainable_variables
+        )
+
     def apply(self, grads, trainable_variables=None):
         if not capture.in_thor_training_step():
             raise ValueError(
-                "THOR gets its curvature from the training step of a "
-                "`keras_thor.models.ThorModel`. Convert the model with "
-                "`keras_thor.convert_to_thor_model(model)`, or subclass "
-                "`keras_thor.models.ThorModel` instead of `keras.Model`."
+                "THOR gets its curvature from its own training step, and "
+                f"this model trains with Keras's. {NOT_CONVERTED}"
             )
         result = super().apply(grads, trainable_variables)
         # Keras updates the variables one by one under a strategy: their
@@ -359,16 +399,43 @@ class THOR(
         indices = [
             keras_internals.trained_variable_index(self, v) for v in variables
         ]
+        learning_rate = ops.cast(learning_rate, "float32")
+        grads = [dense(g) for g in grads]
+        adam = [k for k, i in enumerate(indices) if i in self._second_moments]
+        thor = [k for k in range(len(indices)) if k not in set(adam)]
+        skipped = []
+        if thor:
+            skipped += self._thor_updates(
+                [variables[k] for k in thor],
+                [grads[k] for k in thor],
+                [indices[k] for k in thor],
+                learning_rate,
+            )
+        if adam:
+            skipped += self._adam_updates(
+                [variables[k] for k in adam],
+                [grads[k] for k in adam],
+                [indices[k] for k in adam],
+                learning_rate,
+            )
+        skipped = ops.any(ops.stack(skipped))
+        self.assign(
+            self._step_skipped,
+            ops.maximum(self._step_skipped, ops.cast(skipped, "int32")),
+        )
+
+    def _thor_updates(self, variables, grads, indices, learning_rate):
+        """THOR's rule on `variables`; returns their skipped flags."""
         velocities = [self._velocities[i] for i in indices]
         inverses = [self._estimator.inverses_of(i) for i in indices]
         in_step = self.step_plan.preconditioned_in_step
         results = _fused_thor_updates(
             list(variables),
-            [dense(g) for g in grads],
+            grads,
             velocities,
             [a_inverse for a_inverse, _ in inverses],
             [g_inverse for _, g_inverse in inverses],
-            ops.cast(learning_rate, "float32"),
+            learning_rate,
             self.current_damping(),
             [
                 None if i in in_step else self._estimator.preconditioner(i)
@@ -385,11 +452,30 @@ class THOR(
         ):
             self.assign(variable, new_variable)
             self.assign(velocity, new_velocity)
-        skipped = ops.any(ops.stack([result[2] for result in results]))
-        self.assign(
-            self._step_skipped,
-            ops.maximum(self._step_skipped, ops.cast(skipped, "int32")),
+        return [result[2] for result in results]
+
+    def _adam_updates(self, variables, grads, indices, learning_rate):
+        """Adam's step on the variables without curvature
+        (`first_order="adam"`); returns their skipped flags."""
+        firsts = [self._velocities[i] for i in indices]
+        seconds = [self._second_moments[i] for i in indices]
+        results = _fused_adam_updates(
+            list(variables),
+            grads,
+            firsts,
+            seconds,
+            learning_rate,
+            self.momentum,
+            ops.cast(self.iterations + 1, "float32"),
+            [self._weight_decays[i] for i in indices],
         )
+        for variable, first, second, result in zip(
+            variables, firsts, seconds, results
+        ):
+            self.assign(variable, result[0])
+            self.assign(first, result[1])
+            self.assign(second, result[2])
+        return [result[3] for result in results]
 
     def get_config(self):
         config = super().get_config()

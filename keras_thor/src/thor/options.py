@@ -17,6 +17,7 @@ FISHER_KINDS = ("empirical", "sampled")
 BIAS_RULES = (None, "shared", "all", "joint")
 KL_CLIP_MODES = ("direction", "velocity")
 KL_CLIP_STEPS = ("every", "refresh")
+FIRST_ORDER_RULES = ("momentum", "adam")
 # `statistics_rows` per layer: the fewest examples whose rows reach its
 # widest factor.
 STATISTICS_ROWS_WIDTH = "width"
@@ -115,6 +116,16 @@ CURVATURE_OPTION_ARGS = """split_indices: Sorted layer indices after which the
             keeps them for good. The paper uses `(0.01, 0.0)` and
             `(0.01, 0.001)`. Statistics are still gathered for every
             layer; the inversions are what is saved. Defaults to `None`.
+        first_order: How the variables without curvature (biases THOR
+            does not precondition, BatchNormalization, recurrent cells,
+            layers with no rule) are updated. `"momentum"` (MindSpore:
+            THOR's momentum SGD on their plain gradient, at THOR's learning
+            rate) or `"adam"`: Adam's normalized step on them,
+            `w ← w − lr·(m̂ / (√v̂ + ε) + weight_decay·w)` with
+            `m ← μ·m + (1 − μ)·g`, `v ← β₂·v + (1 − β₂)·g²`, `μ` THOR's
+            `momentum`, `β₂ = 0.999`, `ε = 1e-7`, bias-corrected, at THOR's
+            learning rate (the route Muon's users take for such
+            variables). Defaults to `"momentum"`.
         spread_inverses: Boolean: under a tf.distribute strategy, each
             replica inverts a share of the layers (balanced by cost) and
             the inverses are then summed across replicas (KAISA-style);
@@ -335,6 +346,7 @@ class CurvatureOptions:
     kl_clip_steps: str = "every"
     precondition_biases: str = None
     trace_thresholds: tuple = None
+    first_order: str = "momentum"
 
     def __post_init__(self):
         validation.check_bool("spread_inverses", self.spread_inverses)
@@ -375,6 +387,9 @@ class CurvatureOptions:
         )
         validation.check_one_of(
             "kl_clip_steps", self.kl_clip_steps, KL_CLIP_STEPS
+        )
+        validation.check_one_of(
+            "first_order", self.first_order, FIRST_ORDER_RULES
         )
         for name, value in checked.items():
             object.__setattr__(self, name, value)

@@ -140,3 +140,76 @@ def thor_updates(
             weight_decays,
         )
     ]
+
+
+ADAM_BETA_2 = 0.999
+ADAM_EPSILON = 1e-7
+
+
+def adam_update(
+    variable,
+    gradient,
+    first,
+    second,
+    learning_rate,
+    beta_1,
+    step,
+    weight_decay,
+):
+    """Adam's step of a variable without curvature (`first_order="adam"`);
+    returns `(variable, first, second, skipped)`.
+
+    `m ← β₁·m + (1 − β₁)·g`, `v ← β₂·v + (1 − β₂)·g²`,
+    `w ← w − lr·(m̂ / (√v̂ + ε) + weight_decay·w)`, with
+    `m̂ = m / (1 − β₁ᵗ)`, `v̂ = v / (1 − β₂ᵗ)` at step `t >= 1`. The
+    arithmetic is float32; a non-finite step leaves all three unchanged
+    and `skipped` true.
+
+    Notation:
+        g: the gradient; m, v: the first and second moments; β₁: THOR's
+        `momentum`; β₂, ε: `ADAM_BETA_2`, `ADAM_EPSILON`.
+    """
+    w = ops.cast(variable, "float32")
+    g = ops.reshape(ops.cast(gradient, "float32"), variable.shape)
+    new_first = beta_1 * ops.cast(first, "float32") + (1.0 - beta_1) * g
+    new_second = ADAM_BETA_2 * ops.cast(second, "float32") + (
+        1.0 - ADAM_BETA_2
+    ) * ops.square(g)
+    first_hat = new_first / (1.0 - ops.power(beta_1, step))
+    second_hat = new_second / (1.0 - ops.power(ADAM_BETA_2, step))
+    direction = first_hat / (ops.sqrt(second_hat) + ADAM_EPSILON)
+    if weight_decay:
+        direction = direction + weight_decay * w
+
+    def updated():
+        return (
+            ops.cast(w - learning_rate * direction, variable.dtype),
+            ops.cast(new_first, first.dtype),
+            ops.cast(new_second, second.dtype),
+        )
+
+    def unchanged():
+        return ops.copy(variable), ops.copy(first), ops.copy(second)
+
+    finite = is_finite(direction)
+    new_variable, new_first, new_second = if_finite(finite, updated, unchanged)
+    return new_variable, new_first, new_second, ops.logical_not(finite)
+
+
+def adam_updates(
+    variables,
+    gradients,
+    firsts,
+    seconds,
+    learning_rate,
+    beta_1,
+    step,
+    weight_decays,
+):
+    """`adam_update` for several variables at once (lists in, lists out)."""
+    return [
+        adam_update(v, g, m, s, learning_rate, beta_1, step, decay)
+        for v, g, m, s, decay in zip(
+            variables, gradients, firsts, seconds, weight_decays
+        )
+    ]

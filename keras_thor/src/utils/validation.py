@@ -34,12 +34,13 @@ def check_one_of(name, value, choices):
     return value
 
 
-def check_float(name, value, minimum=None, allow_inf=False):
+def check_float(name, value, minimum=None, allow_inf=False, maximum=None):
     """Returns `value` as a float after type and range checks.
 
     Ints are accepted and converted; bools, strings and other objects are a
     `TypeError`. NaN is always a `ValueError`, infinity unless `allow_inf`.
-    With `minimum`, the value must be `>= minimum`.
+    With `minimum` (`maximum`), the value must be `>= minimum`
+    (`<= maximum`).
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
@@ -55,6 +56,10 @@ def check_float(name, value, minimum=None, allow_inf=False):
     if minimum is not None and value < minimum:
         raise ValueError(
             f"Argument `{name}` must be >= {minimum}. {_received(name, value)}"
+        )
+    if maximum is not None and value > maximum:
+        raise ValueError(
+            f"Argument `{name}` must be <= {maximum}. {_received(name, value)}"
         )
     return value
 
