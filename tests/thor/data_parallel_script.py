@@ -3,8 +3,9 @@ THOR for 50 steps on one device, then under `keras.distribution.
 DataParallel` over two, from the same weights at the same global batch.
 Prints one JSON line: the largest differences of weights, THOR's state and
 the logged losses. Its argument is a JSON object of THOR's arguments (and
-`hidden_units`, the hidden layer's width); with `model_parallel`, it
-prints the error `compile` raises under `ModelParallel` instead."""
+`hidden_units`, the hidden layer's width; or `"model": "gpt2"`, a tiny
+keras-hub `GPT2CausalLM` under `THOR.recommended`); with `model_parallel`,
+it prints the error `compile` raises under `ModelParallel` instead."""
 
 import json
 import os
@@ -21,7 +22,11 @@ import keras_thor  # noqa: E402
 STEPS, BATCH = int(os.environ.get("DP_STEPS", 50)), 32
 
 
-def _model(hidden_units=10, **thor_args):
+def _model(hidden_units=10, model=None, **thor_args):
+    if model == "gpt2":
+        from tests.thor.users_models_test import causal_lm
+
+        return causal_lm(**thor_args)
     keras.utils.set_random_seed(0)
     inputs = keras.Input((12,))
     x = keras.layers.Dense(hidden_units, activation="tanh")(inputs)
@@ -50,7 +55,7 @@ def _train(distribution, x, y, thor_args):
         x,
         y,
         batch_size=BATCH,
-        epochs=STEPS * BATCH // len(x),
+        epochs=STEPS * BATCH // len(y),
         verbose=0,
         shuffle=False,
     )
@@ -82,9 +87,14 @@ def main():
         print(json.dumps({"error": _model_parallel_refusal()}))
         return
     thor_args = json.loads(sys.argv[1])
-    rng = np.random.default_rng(0)
-    x = 3 * rng.normal(size=(BATCH * 5, 12)).astype("float32")
-    y = x[:, :4].argmax(axis=1)
+    if thor_args.get("model") == "gpt2":
+        from tests.thor.users_models_test import token_data
+
+        x, y = token_data(rows=BATCH * 5)
+    else:
+        rng = np.random.default_rng(0)
+        x = 3 * rng.normal(size=(BATCH * 5, 12)).astype("float32")
+        y = x[:, :4].argmax(axis=1)
     devices = keras.distribution.list_devices()
     one = _train(None, x, y, thor_args)
     two = _train(

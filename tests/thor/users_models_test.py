@@ -24,7 +24,7 @@ def _hub():
     return pytest.importorskip("keras_hub")
 
 
-def _families():
+def keras_hub_families():
     """Tiny configs of keras-hub's families, and the share of parameters
     THOR preconditions in each (docs/thor.md, "keras-hub")."""
     text = dict(vocabulary_size=100, num_layers=1, hidden_dim=16)
@@ -63,10 +63,10 @@ def _families():
     keras.backend.backend() != "tensorflow",
     reason="the coverage does not depend on the backend: run once",
 )
-@pytest.mark.parametrize("family", sorted(_families()))
+@pytest.mark.parametrize("family", sorted(keras_hub_families()))
 def test_keras_hub_backbones_convert_in_place(family):
     hub = _hub()
-    class_name, config, share = _families()[family]
+    class_name, config, share = keras_hub_families()[family]
     backbone = getattr(hub.models, class_name)(**config)
     variables = [id(v) for v in backbone.weights]
     coverage = keras_thor.curvature_coverage(backbone)

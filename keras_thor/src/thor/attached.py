@@ -90,8 +90,8 @@ def has_thor_training(model):
 
 
 def attach_thor_training(model):
-    """Gives `model` (this instance only) THOR's `compile`,
-    `make_train_function` and `fit`; attaching twice changes nothing."""
+    """Gives `model` (this instance only) the methods the module's
+    docstring lists; attaching twice changes nothing."""
     methods = dict(_METHODS)
     for name, method in _STEPS.items():
         if getattr(type(model), name) is getattr(keras.Model, name):
@@ -102,8 +102,8 @@ def attach_thor_training(model):
 
 
 def detach_thor_training(model):
-    """Gives `model` back its class's `compile`, `make_train_function` and
-    `fit`, and drops a THOR train function it holds."""
+    """Gives `model` back its class's methods, and drops a THOR train
+    function it holds."""
     if not has_thor_training(model):
         return
     for name in (*_METHODS, *_STEPS, _ATTACHED):
