@@ -38,8 +38,8 @@ CANDIDATES = {
     'THOR first_order="momentum"': lambda: (
         keras_thor.optimizers.THOR.recommended(first_order="momentum")
     ),
-    'THOR first_order="adam"': lambda: (
-        keras_thor.optimizers.THOR.recommended(first_order="adam")
+    'THOR first_order="adam"': lambda: keras_thor.optimizers.THOR.recommended(
+        first_order="adam"
     ),
 }
 
