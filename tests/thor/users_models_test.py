@@ -96,8 +96,7 @@ def causal_lm(**thor_args):
         dropout=0.0,
     )
     model = hub.models.GPT2CausalLM(backbone, preprocessor=None)
-    with pytest.warns(UserWarning, match="PositionEmbedding"):
-        keras_thor.convert_to_thor_model(model)
+    keras_thor.convert_to_thor_model(model)
     model.compile(
         optimizer=keras_thor.optimizers.THOR.recommended(
             frequency=2, **thor_args

@@ -75,10 +75,6 @@ RMS_NORMALIZATIONS = {
 }
 # Why keras-hub's other layers with weights of their own stay first-order.
 KNOWN_FIRST_ORDER = {
-    ("keras_hub", "PositionEmbedding"): (
-        "a learned position table, the same rows for every example; no "
-        "curvature rule yet"
-    ),
     ("keras_hub", "MixtralMoeExperts"): (
         "expert kernels applied to the tokens routed to them; no curvature "
         "rule yet"
@@ -318,7 +314,30 @@ def _blocks(layer):
         table = _trainable_variable(layer.embeddings, "table")
         block = EmbeddingKronecker(layer, table)
         return [block], functools.partial(_record_outputs, block=block)
+    if _package_and_name(layer) == ("keras_hub", "PositionEmbedding"):
+        table = _trainable_variable(layer.position_embeddings, "table")
+        block = EmbeddingKronecker(layer, table)
+        return [block], functools.partial(_position_call, block=block)
     raise _Unsupported("no curvature rule for its class")
+
+
+def _position_call(layer, args, kwargs, capture_, block):
+    """keras-hub's `PositionEmbedding`: an Embedding whose ids are the
+    positions (`positions`, else `start_index` onwards along the sequence
+    axis, the same for every example)."""
+    outputs = type(layer).call(layer, *args, **kwargs)
+    if not capture_.wants(block):
+        return outputs
+    positions = kwargs.get("positions", args[2] if len(args) > 2 else None)
+    if positions is None:
+        start = kwargs.get("start_index", args[1] if len(args) > 1 else 0)
+        shape = ops.shape(capture.call_inputs(args, kwargs))
+        positions = ops.broadcast_to(
+            ops.arange(shape[-2], dtype="int32") + start, shape[:-1]
+        )
+    outputs = capture_.tap(outputs)
+    capture_.record(block, ops.cast(positions, "int32"), outputs)
+    return outputs
 
 
 def _reversible_call(layer, args, kwargs, capture_, lookup, head):
