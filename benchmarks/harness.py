@@ -610,8 +610,10 @@ def warm_up_and_reset(model, task, data, state, seed):
     """Seeds the shuffles, traces the training functions (`warm_up`) and
     puts back `state` (a `snapshot`); returns the warm-up's seconds.
 
-    Seeded after the model is built (THOR's conversion draws initial
-    values it then overwrites), before anything is traced: the shuffles
+    Seeded after the model is built (keras_thor 0.1's conversion drew
+    initial values it then overwrote; the seeding stays where it was, so
+    the shuffles stay those of the recorded runs), before anything is
+    traced: the shuffles
     are the same for every optimizer, and no traced function is
     invalidated by re-seeding later.
     """

@@ -297,7 +297,7 @@ def main():
     steps_per_epoch = -(-TRAIN // args.batch_size)
     total_steps = steps_per_epoch * args.epochs
     base = encoder(args.seed)
-    thor_model = keras_thor.convert_to_thor_model(base)  # same weights
+    thor_model = keras_thor.convert_to_thor_model(base)  # base, in place
     adamw_model = keras.models.clone_model(base)
     adamw_model.set_weights(base.get_weights())
     dataset = data(args.seed)

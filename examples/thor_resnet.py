@@ -215,7 +215,7 @@ def main():
     data = digits(args.seed)
     steps_per_epoch = -(-len(data[0]) // args.batch_size)
     base = resnet(args.seed)
-    thor_model = keras_thor.convert_to_thor_model(base)  # same weights
+    thor_model = keras_thor.convert_to_thor_model(base)  # base, in place
     sgd_model = keras.models.clone_model(base)
     sgd_model.set_weights(base.get_weights())
     results = [

@@ -13,11 +13,16 @@ thor_trains = pytest.mark.thor_training
 VOCABULARY, SEQUENCE = 50, 8
 
 
-def _curvature_refreshed(model):
-    """Whether THOR's first block holds factors gathered in training."""
+def _factor_weight(model):
+    """The weight of THOR's first block's factor average."""
     thor = model.optimizer
     block = next(iter(thor.curvature_blocks.values()))
-    return float(thor.state_for(block.kernel).factor_weight) > 0
+    return thor.state_for(block.kernel).factor_weight
+
+
+def _curvature_refreshed(model):
+    """Whether THOR's first block holds factors gathered in training."""
+    return float(_factor_weight(model)) > 0
 
 
 def _hub():
@@ -163,6 +168,9 @@ def test_keras_hubcausal_lm_trains_saves_and_resumes_with_thor(tmp_path):
     assert int(resumed.optimizer.iterations) == 8
     _fit(resumed, 3, initial_epoch=2)
     assert_same_training_state(resumed, model, atol=1e-5, rtol=1e-5)
+    # The Task's own `compile` defaults stay (keras-hub's "auto": Adam).
+    resumed.compile(sampler="greedy")
+    assert isinstance(resumed.optimizer, keras.optimizers.Adam)
 
 
 @thor_trains
@@ -211,6 +219,12 @@ def test_subclassed_keras_model_trains_with_thor_in_place():
     assert int(model.optimizer.iterations) == 6
     assert _curvature_refreshed(model)
 
+    # Undone and converted again, THOR keeps gathering into its blocks.
+    weight = float(_factor_weight(model))
+    keras_thor.convert_to_thor_model(keras_thor.to_keras_model(model))
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    assert float(_factor_weight(model)) > weight
+
     # Undone: the same object, its class's methods, not THOR's step.
     assert keras_thor.to_keras_model(model) is model
     assert "fit" not in vars(model) and "call" not in vars(model.hidden)
@@ -253,6 +267,8 @@ def test_conversion_refuses_what_it_cannot_convert():
         keras_thor.convert_to_thor_model(UsersClassifier())
     with pytest.raises(ValueError, match=r"`momentum` must be <= 1"):
         keras_thor.optimizers.THOR(0.1, 0.1, 1.5)
+    with pytest.raises(ValueError, match=r"`momentum` must be < 1 with"):
+        keras_thor.optimizers.THOR(0.1, 0.1, 1.0, first_order="adam")
 
 
 @thor_trains
@@ -272,3 +288,22 @@ def test_a_class_with_its_own_train_step_is_refused_by_thor_only():
         model.fit(x, np.zeros((21, 3)), verbose=0)
     model.compile(optimizer="sgd", loss="mse")
     model.fit(x, np.zeros((21, 3)), verbose=0)
+
+
+@thor_trains
+def test_a_loss_scale_optimizer_built_before_conversion_builds_thor():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3)])
+    model.compile(
+        optimizer=keras.optimizers.LossScaleOptimizer(
+            keras_thor.optimizers.THOR.recommended()
+        ),
+        loss="mse",
+    )
+    model.optimizer.build(model.trainable_variables)  # as Keras's loading
+    assert not model.optimizer.inner_optimizer.built
+    keras_thor.convert_to_thor_model(model)
+    x, _ = _classification_data()
+    model.fit(x, np.zeros((21, 3)), batch_size=4, verbose=0)
+    assert model.optimizer.inner_optimizer.built
+    assert int(model.optimizer.inner_optimizer.iterations) == 6

@@ -24,9 +24,10 @@ from keras_thor.src.thor import fit_hooks
 _ATTACHED = "_keras_thor_attached_training"
 
 
-def _compile(model, optimizer="rmsprop", *args, **kwargs):
-    fit_hooks.check_compile(optimizer)
-    return type(model).compile(model, optimizer, *args, **kwargs)
+def _compile(model, *args, **kwargs):
+    # The class's own defaults stay (a keras-hub Task's `optimizer="auto"`).
+    fit_hooks.check_compile(args[0] if args else kwargs.get("optimizer"))
+    return type(model).compile(model, *args, **kwargs)
 
 
 def _class_method(model, name):

@@ -127,6 +127,11 @@ def hook_layer(layer, capture_call):
     object.__setattr__(layer, "call", types.MethodType(_hooked_call, layer))
 
 
+def is_hooked(layer):
+    """Whether `hook_layer` hooked `layer` (and it was not unhooked)."""
+    return _CAPTURE_CALL in layer.__dict__
+
+
 def unhook_layer(layer):
     """Undoes `hook_layer`: `layer` runs its class's `call` again."""
     layer.__dict__.pop(_CAPTURE_CALL, None)

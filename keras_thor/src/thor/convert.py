@@ -74,7 +74,8 @@ def _report(coverage):
         for (class_name, reason), rows in groups.items()
     ]
     warnings.warn(
-        "THOR leaves these layers first-order (plain momentum SGD): "
+        "THOR leaves these layers first-order (THOR's first-order rule: "
+        "momentum SGD, or Adam's step with `first_order='adam'`): "
         f"{'; '.join(parts)}. {coverage.summary()} "
         "`keras_thor.curvature_coverage(model)` gives the table.",
         stacklevel=4,

@@ -108,7 +108,7 @@ def curvature_coverage(model):
     Returns:
         A `CurvatureCoverage`: `print` it for the table; `.share` is the
         preconditioned share of the trainable parameters, `.first_order`
-        the layers left to plain momentum SGD.
+        the layers left to THOR's first-order rule (`first_order`).
     """
     rows = []
     for layer in model_layers(model):

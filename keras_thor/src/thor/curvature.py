@@ -70,8 +70,12 @@ RMS_NORMALIZATIONS = {
     ("keras_hub", "RMSNormalization"),
     ("keras_hub", "T5LayerNorm"),
     ("keras_hub", "QwenLayerNorm"),
+    ("keras_hub", "QwenMoeLayerNorm"),
     ("keras_hub", "Qwen3LayerNorm"),
-    ("keras_hub", "PhiLayerNormalization"),
+    ("keras_hub", "Qwen3MoeLayerNorm"),
+    ("keras_hub", "Phi3LayerNorm"),
+    ("keras_hub", "Gemma3nRMSNorm"),
+    ("keras_hub", "GptOssLayerNormalization"),
 }
 # Why keras-hub's other layers with weights of their own stay first-order.
 KNOWN_FIRST_ORDER = {
@@ -80,8 +84,8 @@ KNOWN_FIRST_ORDER = {
         "rule yet"
     ),
     ("keras_hub", "ViTPatchingAndEmbedding"): (
-        "its class token, patch convolution and position table are one "
-        "layer's; no curvature rule yet"
+        "its class token (its patch convolution and position table are "
+        "sublayers, with curvature); no curvature rule yet"
     ),
     ("keras_hub", "T5MultiHeadAttention"): (
         "its relative attention bias table; no curvature rule yet (its "
@@ -332,11 +336,13 @@ def _position_call(layer, args, kwargs, capture_, block):
     if positions is None:
         start = kwargs.get("start_index", args[1] if len(args) > 1 else 0)
         shape = ops.shape(capture.call_inputs(args, kwargs))
-        positions = ops.broadcast_to(
-            ops.arange(shape[-2], dtype="int32") + start, shape[:-1]
-        )
+        positions = ops.arange(shape[-2], dtype="int32") + start
+    # One id per output row (keras-hub broadcasts unbatched positions).
+    positions = ops.broadcast_to(
+        ops.cast(positions, "int32"), ops.shape(outputs)[:-1]
+    )
     outputs = capture_.tap(outputs)
-    capture_.record(block, ops.cast(positions, "int32"), outputs)
+    capture_.record(block, positions, outputs)
     return outputs
 
 
@@ -449,10 +455,9 @@ def attach_curvature(model):
     """
     for layer in model_layers(model):
         curvature = layer_curvature(layer)
-        if getattr(layer, _CURVATURE, None) is None:
-            object.__setattr__(layer, _CURVATURE, curvature)
-            if curvature.capture_call is not None:
-                capture.hook_layer(layer, curvature.capture_call)
+        object.__setattr__(layer, _CURVATURE, curvature)
+        if curvature.capture_call is not None and not capture.is_hooked(layer):
+            capture.hook_layer(layer, curvature.capture_call)
         for variable in own_trainable_variables(layer):
             preconditioner = curvature.preconditioners.get(variable.path)
             if preconditioner is not None:
@@ -461,10 +466,11 @@ def attach_curvature(model):
 
 def detach_curvature(model):
     """Undoes `attach_curvature`: the layers run their class's `call`
-    again and no variable of `model` is marked."""
+    again and no variable of `model` is marked. Each layer keeps its
+    rule, so that converting again gives a THOR built before the same
+    blocks."""
     for layer in model_layers(model):
-        if layer.__dict__.pop(_CURVATURE, None) is not None:
-            capture.unhook_layer(layer)
+        capture.unhook_layer(layer)
         for variable in layer.weights:
             if hasattr(variable, _PRECONDITIONER):
                 delattr(variable, _PRECONDITIONER)

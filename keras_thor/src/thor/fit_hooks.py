@@ -41,7 +41,10 @@ def check_distribution():
 
 def check_compile(optimizer):
     """Raises where `compile(optimizer=optimizer)` cannot train with THOR
-    (the backend, the distribution); any other optimizer passes."""
+    (the backend, the distribution); any other optimizer passes, and so
+    do `None` and `"auto"` (a class's own default, e.g. keras-hub's)."""
+    if optimizer is None or optimizer == "auto":
+        return
     if isinstance(optimizer, (str, dict)):
         optimizer = keras.optimizers.get(optimizer)
     if thor_optimizer_of(optimizer) is not None:
@@ -57,6 +60,11 @@ def make_train_function(model, force, keras_make):
     check_distribution()
     if model.built:
         require_curvature(model)
+        thor = thor_optimizer_of(model.optimizer)
+        if not thor.built and model.optimizer.built:
+            # A `LossScaleOptimizer` built before the model was converted
+            # (THOR then had no curvature to build with).
+            thor.build(model.trainable_variables)
     return own_train_function(model, force, THOR_TRAINING, thor_train_function)
 
 

@@ -82,10 +82,10 @@ def _functional_arguments(args, kwargs):
 class ThorFunctional(ThorTrainer, keras.Model):
     """A Functional `keras.Model` whose training step feeds THOR.
 
-    What `ThorModel(inputs, outputs)` and `convert_to_thor_model` return
-    for Functional models. (Keras turns a class used functionally into a
-    Functional subclass for good; keeping this class apart keeps
-    `ThorModel` subclassable.)
+    What `ThorModel(inputs, outputs)` returns (and what keras_thor 0.1's
+    `convert_to_thor_model` returned for Functional models). (Keras turns
+    a class used functionally into a Functional subclass for good; keeping
+    this class apart keeps `ThorModel` subclassable.)
     """
 
 
@@ -107,8 +107,7 @@ class ThorModel(ThorTrainer, keras.Model):
             return self.logits(self.hidden(x))
     ```
 
-    `ThorModel(inputs, outputs)` returns a `ThorFunctional`, as does
-    `keras_thor.convert_to_thor_model` for a Functional model; a subclass
+    `ThorModel(inputs, outputs)` returns a `ThorFunctional`; a subclass
     whose constructor calls `super().__init__(inputs, outputs)` should
     derive from `ThorFunctional`. Training with THOR needs the TensorFlow
     or JAX backend (`compile` with THOR raises on torch); `evaluate` and
@@ -125,5 +124,6 @@ class ThorModel(ThorTrainer, keras.Model):
 class ThorSequential(ThorTrainer, keras.Sequential):
     """A `keras.Sequential` whose training step feeds THOR its curvature.
 
-    `keras_thor.convert_to_thor_model` returns one for a Sequential model.
+    keras_thor 0.1's `convert_to_thor_model` returned one for a Sequential
+    model; its `.keras` files still load as one.
     """

@@ -98,14 +98,15 @@ class THOR(
     state (`THOR.state_for(layer.kernel)` reads one) and
     `THOR.step_plan` is how the training step treats each kernel.
 
-    Train with `keras_thor.models.ThorModel` (what `convert_to_thor_model`
-    returns): its training step captures the statistics on refresh steps
-    only, with a separately traced function, so other steps never compute
-    them. A failed factorization falls back to a more damped inverse, and
-    non-finite statistics keep the previous inverses; a warning says so
-    once. A non-finite preconditioned gradient leaves its variable and
-    momentum unchanged; `THOR.skipped_updates` counts the steps where that
-    happened (logged as `thor_skipped_updates`, warned once).
+    Train a model `keras_thor.convert_to_thor_model` converted (or a
+    `keras_thor.models.ThorModel`): its training step captures the
+    statistics on refresh steps only, with a separately traced function, so
+    other steps never compute them. A failed factorization falls back to a
+    more damped inverse, and non-finite statistics keep the previous
+    inverses; a warning says so once. A non-finite preconditioned gradient
+    leaves its variable and momentum unchanged; `THOR.skipped_updates`
+    counts the steps where that happened (logged as `thor_skipped_updates`,
+    warned once).
 
     Args:
         learning_rate: A float >= 0, a `LearningRateSchedule`, or a 1-D
@@ -228,6 +229,11 @@ class THOR(
         self.decay_filter = decay_filter
         self.enable_clip_grad = enable_clip_grad
         self.curvature_options = options
+        if options.first_order == "adam" and momentum >= 1.0:
+            raise ValueError(
+                "Argument `momentum` must be < 1 with first_order='adam' "
+                "(it is Adam's β₁ there). Received: momentum=1.0"
+            )
 
     RECOMMENDED = {
         "learning_rate": 1e-3,
@@ -295,9 +301,11 @@ class THOR(
     def build(self, var_list):
         """Creates the momentum of every variable, then the curvature state.
 
-        One momentum per variable, in `var_list` order; then the
-        `CurvatureEstimator` of the kernels with a curvature block (marked
-        by `convert_to_thor_model`, a preconditioned bias counting as a
+        One momentum per variable, in `var_list` order; with
+        `first_order="adam"` a second moment per variable without
+        curvature, in the same order; then the `CurvatureEstimator` of the
+        kernels with a curvature block (marked by `convert_to_thor_model`,
+        a preconditioned bias counting as a
         kernel), which creates their `A⁻¹` blocks `(groups·n, s, s)` (a
         vector for an Embedding) and `G⁻¹` blocks as identities, and the
         state its options need, in the order its docstring gives; then
@@ -321,6 +329,13 @@ class THOR(
         self._velocities = [
             self.add_variable_from_reference(v, "momentum") for v in var_list
         ]
+        self._second_moments = {
+            index: self.add_variable_from_reference(
+                var_list[index], "second_moment"
+            )
+            for index in first_order_indices(var_list, preconditioners, blocks)
+            if self.first_order == "adam"
+        }
         self._weight_decays = [self._decay_of(v) for v in var_list]
         self._estimator = CurvatureEstimator(
             self.curvature_options,
@@ -339,13 +354,6 @@ class THOR(
             "int32",
             name="trained_batch_size",
         )
-        self._second_moments = {
-            index: self.add_variable_from_reference(
-                var_list[index], "second_moment"
-            )
-            for index in first_order_indices(var_list, preconditioners, blocks)
-            if self.first_order == "adam"
-        }
         # Whether this step skipped a variable's update: scratch, reset by
         # every step, so kept out of the saved state.
         object.__setattr__(

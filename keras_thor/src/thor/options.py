@@ -125,7 +125,8 @@ CURVATURE_OPTION_ARGS = """split_indices: Sorted layer indices after which the
             `m ← μ·m + (1 − μ)·g`, `v ← β₂·v + (1 − β₂)·g²`, `μ` THOR's
             `momentum`, `β₂ = 0.999`, `ε = 1e-7`, bias-corrected, at THOR's
             learning rate (the route Muon's users take for such
-            variables). Defaults to `"momentum"`.
+            variables; `use_nesterov` and `enable_clip_grad` do not apply
+            to them). Defaults to `"momentum"`.
         spread_inverses: Boolean: under a tf.distribute strategy, each
             replica inverts a share of the layers (balanced by cost) and
             the inverses are then summed across replicas (KAISA-style);
