@@ -51,11 +51,12 @@ test-tensorflow: $(VENV)/.installed $(VENV)/.shakespeare
 	KERAS_BACKEND=tensorflow $(PYTEST) -n $(WORKERS) tests || [ $$? -eq 5 ]
 
 # The optimizers are written with keras.ops only: run them on JAX and torch;
+# LessBN and the FullNorm head change a model on every backend;
 # THOR trains on JAX too (its saved-state fixtures resume there).
 test-backends: $(VENV)/.backends
 	for backend in jax torch; do \
 		KERAS_BACKEND=$$backend $(PYTEST) -n $(WORKERS) tests/optimizers tests/callbacks tests/schedules tests/thor \
-			tests/saved_state_test.py tests/boost/adasum_test.py tests/boost/full_norm_test.py \
+			tests/saved_state_test.py tests/boost/adasum_test.py tests/boost/full_norm_test.py tests/boost/less_bn_test.py \
 			|| [ $$? -eq 5 ] || exit 1; \
 	done
 

@@ -6,10 +6,10 @@ from keras_thor import layers
 from keras_thor import models
 from keras_thor import optimizers
 from keras_thor import schedules
+from keras_thor.src.loading import load_model
 from keras_thor.src.thor.convert import convert_to_thor_model
 from keras_thor.src.thor.convert import to_keras_model
 from keras_thor.src.thor.coverage import curvature_coverage
-from keras_thor.src.thor.loading import load_model
 from keras_thor.src.thor.optimizer import THOR as thor
 from keras_thor.src.version import __version__
 

@@ -128,8 +128,7 @@ def test_trains_with_float32_state_and_round_trips(setup, policy, tmp_path):
         if variable.dtype == "float32":
             assert np.all(np.isfinite(numpy_value(variable))), variable.path
     model.save(tmp_path / "m.keras")
-    # A converted model opens converted, with THOR's state, through
-    # keras_thor's loader; the boost models are keras_thor's classes.
-    load = keras_thor.load_model if setup == "thor" else keras.models.load_model
-    loaded = load(tmp_path / "m.keras")
+    # A converted model opens converted, with its optimizer's state,
+    # through keras_thor's loader.
+    loaded = keras_thor.load_model(tmp_path / "m.keras")
     helpers.assert_same_training_state(loaded, model, atol=0)

@@ -140,6 +140,7 @@ LAYERS = [
     {"callbacks"},
     {"thor"},
     {"boost"},
+    {"loading"},
 ]
 
 

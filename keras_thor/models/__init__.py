@@ -2,9 +2,9 @@
 
 from keras_thor.src.boost.boost_model import BoostFunctional
 from keras_thor.src.boost.boost_model import BoostSequential
+from keras_thor.src.loading import load_model
 from keras_thor.src.thor.convert import convert_to_thor_model
 from keras_thor.src.thor.convert import to_keras_model
-from keras_thor.src.thor.loading import load_model
 from keras_thor.src.thor.model import ThorFunctional
 from keras_thor.src.thor.model import ThorModel
 from keras_thor.src.thor.model import ThorSequential

@@ -36,6 +36,7 @@ ATTRIBUTES = (
     ("Optimizer", "_use_weight_decay"),
     ("Optimizer", "_all_reduce_sum_gradients"),
     ("Layer", "_inbound_nodes"),
+    ("Layer", "_tracker"),
     ("StrategyExtended", "_in_multi_worker_mode"),
     ("Function", "_list_all_concrete_functions"),
 )
@@ -49,6 +50,20 @@ def sublayers(layer, recursive=True):
     reached only through `Layer._flatten_layers`.
     """
     return list(layer._flatten_layers(include_self=False, recursive=recursive))
+
+
+def add_sublayer(layer, name, sublayer):
+    """Sets `layer.<name> = sublayer` on a built `layer`, tracked (its
+    weights join `layer`'s), although Keras locks a built layer's state
+    (`Layer._tracker`)."""
+    tracker = layer._tracker
+    locked = tracker.locked
+    tracker.unlock()
+    try:
+        setattr(layer, name, sublayer)
+    finally:
+        if locked:
+            tracker.lock()
 
 
 def is_functional(model):

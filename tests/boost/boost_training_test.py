@@ -11,6 +11,7 @@ from keras_thor.boost import BoostOptimizer
 from keras_thor.boost import GradientFreeze
 from keras_thor.src import keras_internals
 from keras_thor.src.backend.values import numpy_value
+from keras_thor.src.boost.boost_model import is_boost_model
 from tests import helpers
 from tests.boost import models
 
@@ -190,7 +191,7 @@ def test_freezing_callback_trains_as_the_boost_optimizer(tmp_path):
     # Saved as the optimizer that froze; the callback passed again on the
     # loaded model keeps its step count.
     model.save(tmp_path / "m.keras")
-    loaded = keras.models.load_model(tmp_path / "m.keras")
+    loaded = keras_thor.load_model(tmp_path / "m.keras")
     assert isinstance(loaded.optimizer, BoostOptimizer)
     helpers.assert_same_training_state(loaded, model, atol=0)
     loaded.fit(
@@ -295,8 +296,8 @@ def test_keras_file_resume_equals_uninterrupted(name, tmp_path):
     _fit(model, x, y, epochs=2)
     path = tmp_path / "boost.keras"
     model.save(path)
-    loaded = keras.models.load_model(path)
-    assert isinstance(loaded, keras_thor.models.BoostFunctional)
+    loaded = keras_thor.load_model(path)
+    assert is_boost_model(loaded) and type(loaded) is type(model)
     assert isinstance(loaded.optimizer, BoostOptimizer)
     assert int(loaded.optimizer.micro_steps) == 12
     assert loaded.optimizer.get_config() == model.optimizer.get_config()

@@ -262,7 +262,7 @@ def test_keras_save_load_resumes_as_uninterrupted(tmp_path):
     reference_model, (x, y) = _state_run(tmp_path, epochs=3)
     model, _ = _state_run(tmp_path, epochs=2)
     model.save(tmp_path / "m.keras")
-    loaded = keras.models.load_model(tmp_path / "m.keras")
+    loaded = keras_thor.load_model(tmp_path / "m.keras")
     assert isinstance(loaded.optimizer.dim_reduce, DimReduce)
     assert loaded.optimizer.dim_reduce.pca_mat_path == str(tmp_path / "P.npy")
     helpers.assert_same_training_state(loaded, model, atol=0)

@@ -1,4 +1,5 @@
-"""LessBN: which BatchNormalization layers go, and the rewritten model."""
+"""LessBN: which BatchNormalization layers it bypasses, and the model it
+changes in place (keras-hub's included)."""
 
 import keras
 import numpy as np
@@ -6,22 +7,27 @@ import pytest
 
 import keras_thor
 from keras_thor.src.backend.values import numpy_value
+from keras_thor.src.boost.boost_model import is_boost_model
+from keras_thor.src.boost.less_bn import is_bypassed
+from keras_thor.src.layers.full_norm import is_full_norm_head
 from tests.boost import models
 
 
-def _batch_norms(model):
+def _bypassed(model):
     return {
         layer.name
         for layer in model.layers
         if isinstance(layer, keras.layers.BatchNormalization)
+        and is_bypassed(layer)
     }
 
 
+@pytest.mark.tf_only
 def test_resnet50_loses_the_first_two_bns_of_every_bottleneck():
     model = keras.applications.ResNet50(
         weights=None, input_shape=(32, 32, 3), classes=10
     )
-    rewritten = keras_thor.boost.LessBN(model)
+    assert keras_thor.boost.LessBN(model) is model
     blocks = {2: 3, 3: 4, 4: 6, 5: 3}
     expected = {
         f"conv{stage}_block{block}_{i}_bn"
@@ -29,49 +35,64 @@ def test_resnet50_loses_the_first_two_bns_of_every_bottleneck():
         for block in range(1, count + 1)
         for i in (1, 2)
     }
-    assert len(_batch_norms(model)) == 53
-    assert _batch_norms(model) - _batch_norms(rewritten) == expected
-    assert len(_batch_norms(rewritten)) == 21
-    assert isinstance(rewritten, keras_thor.models.BoostFunctional)
-    # The convolutions now feed the ReLUs directly.
-    relu = rewritten.get_layer("conv2_block1_1_relu")
-    assert relu._inbound_nodes[0].input_tensors[0]._keras_history[0] is (
-        rewritten.get_layer("conv2_block1_1_conv")
-    )
+    assert _bypassed(model) == expected
+    assert is_boost_model(model)
     x = np.random.default_rng(0).normal(size=(2, 32, 32, 3))
-    assert rewritten.predict(x, verbose=0).shape == (2, 10)
-    rewritten.compile(keras.optimizers.SGD(0.01), "categorical_crossentropy")
-    loss = rewritten.train_on_batch(x, np.eye(10)[[1, 2]])
+    model.compile(keras.optimizers.SGD(0.01), "categorical_crossentropy")
+    loss = model.train_on_batch(x, np.eye(10)[[1, 2]])
     assert np.isfinite(loss)
 
 
-def test_small_resnet_both_add_orders_weights_kept_and_trains():
+def test_small_resnet_both_add_orders_in_place_and_trains():
     model = models.bottleneck_resnet(main_first_in_second_block=True)
     x, y = models.image_data()
-    rewritten = keras_thor.boost.LessBN(model, fn_flag=True)
-    assert _batch_norms(model) - _batch_norms(rewritten) == {
-        "b1_1_bn",
-        "b1_2_bn",
-        "b2_1_bn",
-        "b2_2_bn",
-    }
-    for layer in rewritten.layers:
-        if layer.weights and layer.name != "logits":
-            original = model.get_layer(layer.name)
-            for new, old in zip(layer.get_weights(), original.get_weights()):
-                np.testing.assert_array_equal(new, old)
-    head = rewritten.get_layer("logits")
-    assert isinstance(head, keras_thor.layers.FullNorm)
-    np.testing.assert_array_equal(
-        numpy_value(head.kernel),
-        numpy_value(model.get_layer("logits").kernel),
+    kernel = numpy_value(model.get_layer("logits").kernel)
+    before = {v.path: numpy_value(v) for v in model.weights}
+    assert keras_thor.boost.LessBN(model, fn_flag=True) is model
+    bypassed = {"b1_1_bn", "b1_2_bn", "b2_1_bn", "b2_2_bn"}
+    assert _bypassed(model) == bypassed
+    for name in bypassed:
+        layer = model.get_layer(name)
+        assert not layer.trainable
+        np.testing.assert_allclose(
+            numpy_value(layer.moving_variance), 1 - layer.epsilon
+        )
+    # The convolutions feed the ReLUs directly: the BN passes through.
+    probe = keras.Model(
+        model.input,
+        [
+            model.get_layer("b1_1_conv").output,
+            model.get_layer("b1_1_bn").output,
+        ],
     )
-    assert float(head.multiplier) == 1.0
+    conv, bn = probe.predict(x, verbose=0)
+    np.testing.assert_array_equal(conv, bn)
+    for variable in model.weights:
+        layer_name = variable.path.split("/")[0]
+        if layer_name not in bypassed and not layer_name.startswith("logits"):
+            np.testing.assert_array_equal(
+                numpy_value(variable), before[variable.path]
+            )
+    head = model.get_layer("logits")
+    assert type(head) is keras.layers.Dense and is_full_norm_head(head)
+    np.testing.assert_array_equal(numpy_value(head.kernel), kernel)
+    assert not np.any(numpy_value(head.bias)) and not head.bias.trainable
+    multiplier = head.full_norm_multiplier.multiplier
+    assert float(numpy_value(multiplier)) == 1.0
+    assert any(v is multiplier for v in model.trainable_variables)
+    # The head computes FullNorm's cosines (MindSpore's L2Normalize floor).
+    features = keras.Model(model.input, model.get_layer("hidden").output)
+    h = features.predict(x, verbose=0)
+    cosines = (h / np.sqrt(np.maximum((h**2).sum(-1, keepdims=True), 1e-4))) @ (
+        kernel / np.sqrt(np.maximum((kernel**2).sum(0, keepdims=True), 1e-4))
+    )
+    np.testing.assert_allclose(model.predict(x, verbose=0), cosines, atol=1e-5)
     # Only the last Dense of the model becomes a FullNorm.
-    assert type(rewritten.get_layer("hidden")) is keras.layers.Dense
-    rewritten.compile(keras.optimizers.SGD(0.05), models.LOSS)
-    history = rewritten.fit(x, y, epochs=4, batch_size=8, verbose=0)
+    assert not is_full_norm_head(model.get_layer("hidden"))
+    model.compile(keras.optimizers.SGD(0.05), models.LOSS)
+    history = model.fit(x, y, epochs=4, batch_size=8, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0]
+    assert float(numpy_value(multiplier)) != 1.0
 
 
 def test_identity_shortcut_must_come_from_a_relu_and_basic_blocks_stay():
@@ -93,11 +114,11 @@ def test_identity_shortcut_must_come_from_a_relu_and_basic_blocks_stay():
     z = keras.layers.BatchNormalization()(z)
     outputs = keras.layers.Add()([y, z])
     model = keras.Model(inputs, outputs)
-    rewritten = keras_thor.boost.LessBN(model)
-    assert _batch_norms(rewritten) == _batch_norms(model)
+    keras_thor.boost.LessBN(model)
+    assert _bypassed(model) == set()
 
 
-def test_sequential_gets_the_head_swap_only():
+def test_sequential_and_subclassed_get_the_head_swap_only():
     model = keras.Sequential(
         [
             keras.Input((4,)),
@@ -106,23 +127,36 @@ def test_sequential_gets_the_head_swap_only():
             keras.layers.Dense(3, name="b"),
         ]
     )
-    rewritten = keras_thor.boost.LessBN(model, fn_flag=True)
-    assert isinstance(rewritten, keras_thor.models.BoostSequential)
-    assert [type(layer).__name__ for layer in rewritten.layers] == [
-        "Dense",
-        "BatchNormalization",
-        "FullNorm",
+    keras_thor.boost.LessBN(model, fn_flag=True)
+    assert [is_full_norm_head(layer) for layer in model.layers] == [
+        False,
+        False,
+        True,
     ]
+    assert _bypassed(model) == set()
+
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(8, activation="relu")
+            self.head = keras.layers.Dense(3)
+
+        def call(self, x):
+            return self.head(self.hidden(x))
+
+    model = Subclassed()
+    model(np.zeros((1, 4)))
+    keras_thor.boost.LessBN(model, fn_flag=True)
+    assert is_full_norm_head(model.head) and not is_full_norm_head(model.hidden)
+    model.compile(keras.optimizers.SGD(0.1), models.LOSS)
+    x = np.random.default_rng(0).normal(size=(9, 4))
+    model.fit(x, np.arange(9) % 3, batch_size=4, verbose=0)
 
 
 def test_bad_models():
-    class Subclassed(keras.Model):
-        def call(self, x):
-            return x
-
-    with pytest.raises(ValueError, match="LessBN.*subclassed"):
-        keras_thor.boost.LessBN(Subclassed())
     with pytest.raises(TypeError, match="`model`"):
         keras_thor.boost.LessBN("model")
+    with pytest.raises(ValueError, match="must be built"):
+        keras_thor.boost.LessBN(keras.Sequential([keras.layers.Dense(2)]))
     with pytest.raises(TypeError, match="`fn_flag`"):
         keras_thor.boost.LessBN(models.bottleneck_resnet(), fn_flag=1)

@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_thor.src import keras_internals
+from keras_thor.src.backend.dense import dense
 from keras_thor.src.boost.algorithm import BoostAlgorithm
 from keras_thor.src.distribute import replicas
 from keras_thor.src.utils.finite import all_finite
@@ -58,8 +59,9 @@ class Accumulation(BoostAlgorithm):
         inner = optimizer.inner_optimizer
         loss_scaled = isinstance(inner, keras.optimizers.LossScaleOptimizer)
         present = [(g, v) for g, v in zip(grads, variables) if g is not None]
+        # The accumulators are dense: so are an embedding's sums.
         reduced = replicas.all_reduce_sum(
-            [ops.cast(g, "float32") for g, _ in present]
+            [ops.cast(dense(g), "float32") for g, _ in present]
         )
         finite = all_finite(reduced)
         scale = ops.cast(inner.dynamic_scale, "float32") if loss_scaled else 1.0

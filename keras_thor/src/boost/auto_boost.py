@@ -16,7 +16,8 @@ from keras_thor.src.boost.dim_reduce import DimReduce
 from keras_thor.src.boost.gradient_freeze import GradientFreeze
 from keras_thor.src.boost.group_loss_scale import GroupLossScale
 from keras_thor.src.boost.less_bn import LessBN
-from keras_thor.src.boost.less_bn import removable_batch_normalizations
+from keras_thor.src.boost.less_bn import is_bypassed
+from keras_thor.src.boost.less_bn import removable_layers
 from keras_thor.src.distribute import replicas
 from keras_thor.src.utils.validation import check_bool
 from keras_thor.src.utils.validation import check_int
@@ -92,15 +93,11 @@ def _refuses(switch, other):
 
 
 def _has_removable_batch_normalizations(model):
-    """Whether `LessBN` would remove a BatchNormalization from `model` or
-    from a model nested in it."""
-    if not isinstance(model, keras.Model):
+    """Whether `LessBN` would bypass a BatchNormalization of `model` (or
+    of a model nested in it) that runs now."""
+    if not isinstance(model, keras.Model) or not model.built:
         return False
-    if removable_batch_normalizations(model):
-        return True
-    return any(
-        _has_removable_batch_normalizations(layer) for layer in model.layers
-    )
+    return any(not is_bypassed(layer) for layer in removable_layers(model))
 
 
 def _check_not_built(optimizer):
@@ -296,15 +293,16 @@ class AutoBoost:
     ):
         """`(model, optimizer, callbacks)` to compile and fit with.
 
-        The model is rewritten (LessBN) or converted to a boost model, and
-        the optimizer wrapped in a `BoostOptimizer`; with every algorithm
-        off both are returned as they are. The optimizer must not have
-        been built on other variables (MindSpore builds a new one, too).
+        The model is changed in place (LessBN) and given boost's
+        training steps (`to_boost_model`), and the optimizer wrapped in a
+        `BoostOptimizer`; with every algorithm off both are returned as
+        they are. The optimizer must not have been built on other
+        variables (MindSpore builds a new one, too).
         `callbacks` holds the `DimReduce` or `GroupLossScale` callback
         when `dim_reduce` or `loss_scale_group` is on.
 
         Args:
-            model: A built Sequential or Functional `keras.Model`.
+            model: A built `keras.Model`.
             optimizer: A `keras.optimizers.Optimizer` (`SGD(1.0)` for
                 DimReduce).
             loss_scale_manager: The `keras_thor.boost.GroupLossScaleManager`
@@ -378,12 +376,12 @@ class AutoBoost:
     def network_auto_process_eval(self, model):
         """The model to evaluate or predict with.
 
-        With LessBN on, a model that still has batch normalizations LessBN
-        removes gets a copy without them, its head unchanged (MindSpore
-        evaluates with `LessBN(network)`, `fn_flag` False): only training
-        puts a `FullNorm` head in. A model rewritten for training (by
-        `network_auto_process_train`) has none left and is returned as it
-        is, with its trained `FullNorm` head.
+        With LessBN on, a model that still runs batch normalizations
+        LessBN bypasses gets them bypassed, in place, its head unchanged
+        (MindSpore evaluates with `LessBN(network)`, `fn_flag` False):
+        only training puts a `FullNorm` head in. The model
+        `network_auto_process_train` returned has them bypassed already
+        and is returned as it is, with its trained `FullNorm` head.
         """
         if self.flags["less_bn"] and _has_removable_batch_normalizations(model):
             return LessBN(model, fn_flag=False)

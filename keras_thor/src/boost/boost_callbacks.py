@@ -9,7 +9,8 @@ with the model).
 
 import keras
 
-from keras_thor.src.boost.boost_model import BoostTrainer
+from keras_thor.src.boost.boost_model import is_boost_model
+from keras_thor.src.boost.boost_model import use_boost_optimizer
 from keras_thor.src.boost.boost_optimizer import BoostOptimizer
 
 
@@ -35,7 +36,7 @@ def install(callback, model, argument, unwrap_loss_scale=False):
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         return
-    if not isinstance(model, BoostTrainer):
+    if not is_boost_model(model):
         raise ValueError(
             f"The `{feature}` callback trains a keras_thor boost model: pass "
             "your model through `keras_thor.boost.to_boost_model` before "
@@ -59,7 +60,7 @@ def install(callback, model, argument, unwrap_loss_scale=False):
             optimizer = optimizer.replaced(**{argument: callback})
         else:
             optimizer = BoostOptimizer(optimizer, **{argument: callback})
-    model.use_boost_optimizer(optimizer)
+    use_boost_optimizer(model, optimizer)
 
 
 def _without_loss_scale(optimizer):

@@ -1,16 +1,17 @@
-"""Keras models that run keras_thor's boost training steps."""
+"""The models that run keras_thor's boost training steps: converted in
+place (`to_boost_model`) or of keras_thor's boost classes."""
 
 import keras
 
 from keras_thor.src.api_export import keras_thor_export
 from keras_thor.src.boost.boost_optimizer import BoostOptimizer
 from keras_thor.src.boost.train_function import BoostTrainFunction
+from keras_thor.src.distribute.attached_training import AttachedTraining
+from keras_thor.src.distribute.attached_training import attach
+from keras_thor.src.distribute.attached_training import is_attached
 from keras_thor.src.distribute.distributed_trainer import DistributedTrainer
 from keras_thor.src.distribute.own_training import OwnTraining
 from keras_thor.src.distribute.own_training import own_train_function
-from keras_thor.src.utils.rebuild import check_rewritable
-from keras_thor.src.utils.rebuild import rebuild
-from keras_thor.src.utils.rebuild import registered_class
 
 BOOST_TRAINING = OwnTraining(
     "A `BoostOptimizer`", "boost's training step is TensorFlow code"
@@ -54,6 +55,73 @@ def _loss_scale_inside(optimizer):
     )
 
 
+def check_boost_compile(optimizer):
+    """Raises where `compile(optimizer=optimizer)` cannot train a
+    `BoostOptimizer` (any backend but TensorFlow)."""
+    if optimizer is not None and optimizer != "auto":
+        if _boost_inside(optimizer) is not None:
+            BOOST_TRAINING.check_backend()
+
+
+def boost_train_function_of(model, force):
+    """The boost train function of `model` when it is compiled with a
+    `BoostOptimizer`, else `None`."""
+    if _boost_optimizer_of(model.optimizer) is None:
+        return None
+    return own_train_function(
+        model, force, BOOST_TRAINING, _boost_train_function
+    )
+
+
+def boost_compile_config(model, config):
+    """`config` with the `BoostOptimizer` a boost callback installed
+    saved as the compiled optimizer."""
+    if config and _boost_optimizer_of(model.optimizer) is not None:
+        config = {
+            **config,
+            "optimizer": keras.saving.serialize_keras_object(model.optimizer),
+        }
+    return config
+
+
+class _BoostAttached(AttachedTraining):
+    """Boost's hooks on a model converted in place."""
+
+    def check_compile(self, model, optimizer):
+        check_boost_compile(optimizer)
+
+    def after_compile(self, model):
+        model.optimizer = _loss_scale_inside(model.optimizer)
+
+    def train_function(self, model, force):
+        return boost_train_function_of(model, force)
+
+    def compile_config(self, model, config):
+        return boost_compile_config(model, config)
+
+    def build_config(self, model):
+        return {"less_bn": getattr(model, LESS_BN_RECORD, None)}
+
+
+BOOST_ATTACHED = _BoostAttached("boost")
+# Where `LessBN` records its settings on a model it changed in place.
+LESS_BN_RECORD = "_keras_thor_less_bn"
+
+
+def is_boost_model(model):
+    """Whether `model` runs boost's training steps: converted in place by
+    `to_boost_model`, or of a keras_thor boost class."""
+    return isinstance(model, BoostTrainer) or is_attached(model, BOOST_ATTACHED)
+
+
+def use_boost_optimizer(model, optimizer):
+    """Trains the boost `model` with `optimizer` (a `BoostOptimizer` a
+    boost callback made around the compiled one) from the next train
+    function on; it is saved as the compiled optimizer."""
+    model.optimizer = optimizer
+    model.train_function = None
+
+
 class BoostTrainer(DistributedTrainer):
     """Mixin: `fit` runs a `BoostOptimizer`'s frozen and accumulating steps.
 
@@ -69,8 +137,7 @@ class BoostTrainer(DistributedTrainer):
     """
 
     def compile(self, optimizer="rmsprop", *args, **kwargs):
-        if _boost_inside(optimizer) is not None:
-            BOOST_TRAINING.check_backend()
+        check_boost_compile(optimizer)
         self._compile_boost(optimizer, *args, **kwargs)
 
     def _compile_boost(self, *args, **kwargs):
@@ -87,26 +154,24 @@ class BoostTrainer(DistributedTrainer):
             self.optimizer.build(self.trainable_variables)
 
     def use_boost_optimizer(self, optimizer):
-        """Trains with `optimizer` (a `BoostOptimizer` a boost callback
-        made around the compiled one) from the next train function on; it
-        is saved as the compiled optimizer."""
-        self.optimizer = optimizer
-        self.train_function = None
+        """See `use_boost_optimizer`."""
+        use_boost_optimizer(self, optimizer)
 
     def get_compile_config(self):
-        config = super().get_compile_config()
-        if config and _boost_optimizer_of(self.optimizer) is not None:
-            config["optimizer"] = keras.saving.serialize_keras_object(
-                self.optimizer
-            )
-        return config
+        return boost_compile_config(self, super().get_compile_config())
+
+    def get_build_config(self):
+        config = super().get_build_config()
+        record = BOOST_ATTACHED.build_config(self)
+        if config is None or record["less_bn"] is None:
+            return config
+        return {**config, "keras_thor": {BOOST_ATTACHED.name: record}}
 
     def make_train_function(self, force=False):
-        if _boost_optimizer_of(self.optimizer) is None:
+        function = boost_train_function_of(self, force)
+        if function is None:
             return super().make_train_function(force=force)
-        return own_train_function(
-            self, force, BOOST_TRAINING, _boost_train_function
-        )
+        return function
 
 
 def _boost_train_function(model):
@@ -117,35 +182,64 @@ def _boost_train_function(model):
 class BoostFunctional(BoostTrainer, keras.Model):
     """A Functional `keras.Model` that runs boost training steps.
 
-    What `keras_thor.boost` returns for a Functional model.
+    What keras_thor 0.2's `keras_thor.boost` functions returned for a
+    Functional model; its `.keras` files still load as one.
     """
 
 
 @keras_thor_export
 class BoostSequential(BoostTrainer, keras.Sequential):
-    """A `keras.Sequential` that runs boost training steps."""
+    """A `keras.Sequential` that runs boost training steps (as
+    `BoostFunctional`)."""
 
 
 @keras_thor_export
 def to_boost_model(model):
-    """Returns `model` as a `BoostFunctional`/`BoostSequential`.
+    """Gives `model` boost's training steps, in place, and returns it.
 
-    Layers, weights and names are kept (the model is rebuilt from its
-    config); the result is not compiled. A model that already is one is
-    returned as it is.
+    Gradient freezing, gradient accumulation, DimReduce and group loss
+    scaling need a training step of their own: this attaches it to the
+    model instance (its class, layers, variables and saving stay the
+    user's; see docs/boost.md). Any built `keras.Model` works:
+    Sequential, Functional, subclassed, keras-hub Backbones and Tasks,
+    `keras.applications`. With an optimizer that is not a
+    `BoostOptimizer`, the model trains as before. Converting twice
+    changes nothing; a model of a keras_thor boost class is returned as
+    it is.
+
+    Example:
+
+    ```python
+    model = keras_thor.boost.to_boost_model(model)
+    model.compile(keras_thor.boost.BoostOptimizer(
+        keras.optimizers.SGD(0.1), grad_accumulation_step=4), "mse")
+    ```
 
     Args:
-        model: A built Sequential or Functional `keras.Model`.
+        model: A built `keras.Model`.
+
+    Returns:
+        `model`.
+
+    Raises:
+        TypeError: If `model` is not a `keras.Model`.
+        ValueError: If `model` is not built.
     """
-    if isinstance(model, (BoostFunctional, BoostSequential)):
-        return model
-    check_rewritable(
-        model,
-        "to_boost_model",
-        "derive it from `keras_thor.models.BoostFunctional`",
-    )
-    return rebuild(
-        model,
-        registered_class(BoostFunctional),
-        registered_class(BoostSequential),
-    )
+    check_built_model(model, "to_boost_model")
+    if not isinstance(model, BoostTrainer):
+        attach(model, BOOST_ATTACHED)
+    return model
+
+
+def check_built_model(model, function):
+    """Raises unless `model` is a built `keras.Model`."""
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"`{function}` takes a `keras.Model`. Argument `model` must be "
+            f"one. Received: model={model!r} (of type {type(model).__name__})"
+        )
+    if not model.built:
+        raise ValueError(
+            "Argument `model` must be built (give it an input shape or call "
+            f"it once). Received: model={model.name!r}, not built"
+        )

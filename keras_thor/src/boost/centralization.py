@@ -3,7 +3,8 @@
 import keras
 from keras import ops
 
-from keras_thor.src.layers.full_norm import FullNorm
+from keras_thor.src.backend.dense import dense
+from keras_thor.src.layers.full_norm import is_full_norm_head
 
 # MindSpore centralizes only gradients whose fan-in is a multiple of this.
 FAN_IN_MULTIPLE = 16
@@ -16,8 +17,10 @@ def centralize_gradient(gradient):
 
     Keras kernels keep the output channels last (`Dense` `(in, out)`,
     `Conv2D` `(kh, kw, in, out)`), so this is MindSpore's per-output-channel
-    `Centralization` in Keras layout.
+    `Centralization` in Keras layout. An embedding's sparse gradient
+    (TensorFlow's `IndexedSlices`) is made dense first: every row moves.
     """
+    gradient = dense(gradient)
     axes = tuple(range(len(gradient.shape) - 1))
     return gradient - ops.mean(gradient, axis=axes, keepdims=True)
 
@@ -36,7 +39,7 @@ def is_centralizable(variable, layer):
         layer,
         (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D),
     )
-    return not (grouped or depthwise or isinstance(layer, FullNorm))
+    return not (grouped or depthwise or is_full_norm_head(layer))
 
 
 def owning_layers(model):

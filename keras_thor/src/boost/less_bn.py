@@ -1,18 +1,19 @@
-"""`LessBN`: MindSpore's batch-normalization pruning of residual blocks."""
+"""`LessBN`: MindSpore's batch-normalization pruning of residual blocks,
+done in place: the matched BatchNormalizations are bypassed, the head
+`Dense` computes a `FullNorm`."""
+
+import types
 
 import keras
+from keras import ops
 
 from keras_thor.src import keras_internals
 from keras_thor.src.api_export import keras_thor_export
-from keras_thor.src.boost.boost_model import BoostFunctional
-from keras_thor.src.boost.boost_model import BoostSequential
-from keras_thor.src.layers.full_norm import FullNorm
-from keras_thor.src.utils.rebuild import check_rewritable
-from keras_thor.src.utils.rebuild import rebuild
-from keras_thor.src.utils.rebuild import registered_class
+from keras_thor.src.boost.boost_model import LESS_BN_RECORD
+from keras_thor.src.boost.boost_model import check_built_model
+from keras_thor.src.boost.boost_model import to_boost_model
+from keras_thor.src.layers.full_norm import make_full_norm_head
 from keras_thor.src.utils.validation import check_bool
-
-_KERAS_MODULES = ("keras.layers", "keras.src.layers")
 
 
 def _producer(tensor):
@@ -56,7 +57,18 @@ def _walk(tensor, kinds):
         if layer is None or tensor is None or not _CHECKS[kind](layer):
             return None, None
         layers.append(layer)
+        if kind == "conv":
+            tensor = _through_padding(tensor)
     return layers, tensor
+
+
+def _through_padding(tensor):
+    """The input of the `ZeroPadding2D` making `tensor` (a convolution's
+    explicit padding, as keras-hub's strided blocks have), else `tensor`."""
+    layer, padded = _producer(tensor)
+    if isinstance(layer, keras.layers.ZeroPadding2D) and padded is not None:
+        return padded
+    return tensor
 
 
 def _removable_in_block(main, shortcut):
@@ -89,125 +101,127 @@ def removable_batch_normalizations(model):
     return names
 
 
-def _rewired(layer_configs, removed):
-    """Functional `layer_configs` without the `removed` (single-input)
-    layers, their consumers reading the removed layers' inputs."""
-    sources = {}
-    for config in layer_configs:
-        if config["name"] in removed:
-            argument = config["inbound_nodes"][0]["args"][0]
-            sources[config["name"]] = argument["config"]["keras_history"]
-
-    def rewire(value):
-        if isinstance(value, dict):
-            history = value.get("config", {}).get("keras_history")
-            if value.get("class_name") == "__keras_tensor__" and history:
-                if history[0] in sources:
-                    value = {**value, "config": dict(value["config"])}
-                    value["config"]["keras_history"] = sources[history[0]]
-                return value
-            return {key: rewire(item) for key, item in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(rewire(item) for item in value)
-        return value
-
-    kept = [c for c in layer_configs if c["name"] not in removed]
-    return [{**c, "inbound_nodes": rewire(c["inbound_nodes"])} for c in kept]
+def _models_in(model):
+    """`model` and the models nested in it, depth first."""
+    found = [model]
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            found.extend(_models_in(layer))
+    return found
 
 
-def _full_norm_config(dense_config):
-    settings = dense_config["config"]
-    return {
-        **dense_config,
-        "module": None,
-        "class_name": "FullNorm",
-        "registered_name": "keras_thor>FullNorm",
-        "config": {
-            "name": settings["name"],
-            "trainable": settings.get("trainable", True),
-            "dtype": settings.get("dtype"),
-            "units": settings["units"],
-            "activation": settings.get("activation"),
-            "kernel_initializer": settings.get("kernel_initializer"),
-        },
-    }
+def removable_layers(model):
+    """The BatchNormalization layers `LessBN` bypasses in `model` and in
+    the Functional models nested in it."""
+    removable = []
+    for inner in _models_in(model):
+        if keras_internals.is_functional(inner) and not isinstance(
+            inner, keras.Sequential
+        ):
+            names = removable_batch_normalizations(inner)
+            removable.extend(inner.get_layer(name) for name in names)
+    return removable
 
 
-def _is_keras_dense(layer_config):
-    module = layer_config.get("module") or ""
-    return layer_config.get("class_name") == "Dense" and module.startswith(
-        _KERAS_MODULES
+def _full_norm_heads(model):
+    """MindSpore's choice of the `Dense` layers a `FullNorm` replaces: in
+    a model with `Dense` layers of its own, the last of them; in one
+    without, those of the models nested in it."""
+    dense = [
+        layer for layer in model.layers if type(layer) is keras.layers.Dense
+    ]
+    if dense:
+        return [dense[-1]]
+    return [
+        head
+        for layer in model.layers
+        if isinstance(layer, keras.Model)
+        for head in _full_norm_heads(layer)
+    ]
+
+
+def _passed_through(layer, inputs, training=None, mask=None):
+    return inputs
+
+
+def is_bypassed(layer):
+    """Whether `LessBN` bypassed the BatchNormalization `layer`."""
+    return layer.__dict__.get("call") is not None and (
+        layer.__dict__["call"].__func__ is _passed_through
     )
 
 
-def _rewrite(model, serialized, fn_flag):
-    """`serialized` (of `model`) with the BNs removed and, with `fn_flag`,
-    the last Dense of every container a `FullNorm`, recursively."""
-    config = dict(serialized["config"])
-    by_name = {layer.name: layer for layer in model.layers}
-    layers = [
-        _rewrite(by_name[c["config"]["name"]], c, fn_flag)
-        if isinstance(by_name.get(c["config"].get("name")), keras.Model)
-        else c
-        for c in config["layers"]
-    ]
-    if not isinstance(model, keras.Sequential):
-        layers = _rewired(layers, set(removable_batch_normalizations(model)))
-    if fn_flag:
-        dense = [i for i, c in enumerate(layers) if _is_keras_dense(c)]
-        if dense:
-            layers[dense[-1]] = _full_norm_config(layers[dense[-1]])
-    config["layers"] = layers
-    return {**serialized, "config": config}
-
-
-def _copy_weights(source, target):
-    """Copies weights layer by layer by name (FullNorm: the kernel)."""
-    sources = {layer.name: layer for layer in source.layers}
-    for layer in target.layers:
-        origin = sources[layer.name]
-        if isinstance(layer, keras.Model):
-            _copy_weights(origin, layer)
-        elif isinstance(layer, FullNorm):
-            layer.kernel.assign(origin.kernel)
-        else:
-            layer.set_weights(origin.get_weights())
+def bypass_batch_normalization(layer):
+    """Makes the BatchNormalization `layer` pass its inputs through: its
+    `call` returns them, it is frozen, and its weights are set to those of
+    the identity (`γ = 1, β = 0, μ = 0, σ² = 1 − ε`), so that the saved
+    model computes the same where the layer runs again (a file opened
+    without keras_thor), in inference."""
+    identity = {
+        "gamma": 1.0,
+        "beta": 0.0,
+        "moving_mean": 0.0,
+        "moving_variance": 1.0 - layer.epsilon,
+    }
+    for name, value in identity.items():
+        variable = getattr(layer, name)
+        if variable is not None:
+            variable.assign(ops.full(variable.shape, value, variable.dtype))
+    layer.trainable = False
+    object.__setattr__(layer, "call", types.MethodType(_passed_through, layer))
 
 
 @keras_thor_export
 def LessBN(model, fn_flag=False):
-    """Removes the batch normalizations inside residual bottlenecks.
+    """Bypasses the batch normalizations inside residual bottlenecks.
 
-    MindSpore's `less_batch_normalization` graph pass, on a Keras model:
-    for every `Add` of a bottleneck block whose main branch is
+    MindSpore's `less_batch_normalization` graph pass, on a Keras model,
+    in place: for every `Add` of a bottleneck block whose main branch is
     `conv-BN-ReLU-conv-BN-ReLU-conv-BN` and whose shortcut is a projection
     (`conv-BN`) or an identity coming from a ReLU, the first two BNs of
-    the main branch go (their convolutions feed the ReLUs directly); the
-    BN before the `Add`, the shortcut's BN and every BN outside matched
-    blocks stay. Both `Add` input orders match (Keras's ResNets put the
-    shortcut first, MindSpore's second); convolution biases stay. On
-    `keras.applications.ResNet50` this removes 32 of the 53 BNs.
+    the main branch are bypassed (their convolutions feed the ReLUs
+    directly); the BN before the `Add`, the shortcut's BN and every BN
+    outside matched blocks stay. Both `Add` input orders match (Keras's
+    ResNets put the shortcut first, MindSpore's second); convolution
+    biases stay, and a `ZeroPadding2D` right before a convolution counts
+    as its padding (keras-hub's strided blocks). Functional models nested
+    in `model` (a keras-hub Backbone in its Task) are searched too. On
+    `keras.applications.ResNet50` this bypasses 32 of the 53 BNs.
 
-    With `fn_flag`, the last `Dense` of each (nested) model becomes a
-    `keras_thor.layers.FullNorm` with its kernel (the bias is dropped).
+    A bypassed BatchNormalization stays in the model, frozen, with the
+    weights of the identity: the model keeps its class, layers and
+    config, so a keras-hub model or any other model that cannot be
+    rebuilt from its config works, and saves and loads as before
+    (`keras_thor.load_model` bypasses the same layers again).
+
+    With `fn_flag`, the last `Dense` of the model (MindSpore: of each
+    container with `Dense` layers of its own, else of the models nested
+    in it) computes a `keras_thor.layers.FullNorm` with its kernel: a
+    trainable multiplier (1.0) is added, the bias is set to zero and
+    frozen.
+
+    The model is given boost's training steps (`to_boost_model`).
 
     Args:
-        model: A built Functional or Sequential `keras.Model`.
-        fn_flag: Whether to put a `FullNorm` head in place of the last
-            `Dense`.
+        model: A built `keras.Model`.
+        fn_flag: Whether the head becomes a `FullNorm`.
 
     Returns:
-        A `keras_thor.models.BoostFunctional` (or `BoostSequential`),
-        not compiled, with `model`'s remaining weights.
+        `model`.
     """
-    check_rewritable(
-        model, "LessBN", "remove its BatchNormalization layers by hand"
-    )
+    check_built_model(model, "LessBN")
     check_bool("fn_flag", fn_flag)
-    return rebuild(
-        model,
-        registered_class(BoostFunctional),
-        registered_class(BoostSequential),
-        rewrite=lambda serialized: _rewrite(model, serialized, fn_flag),
-        copy_weights=_copy_weights,
+    for layer in removable_layers(model):
+        if not is_bypassed(layer):
+            bypass_batch_normalization(layer)
+    if fn_flag:
+        for dense in _full_norm_heads(model):
+            make_full_norm_head(dense)
+    record = getattr(model, LESS_BN_RECORD, None) or {"fn_flag": False}
+    object.__setattr__(
+        model, LESS_BN_RECORD, {"fn_flag": record["fn_flag"] or fn_flag}
     )
+    # Functions traced before run the layers' former calls.
+    model.train_function = model.test_function = None
+    model.predict_function = None
+    return to_boost_model(model)

@@ -1,8 +1,11 @@
 """`FullNorm`: MindSpore boost's normalized classifier head."""
 
+import types
+
 import keras
 from keras import ops
 
+from keras_thor.src import keras_internals
 from keras_thor.src.api_export import keras_thor_export
 
 # MindSpore's `L2Normalize` epsilon, a floor on the sum of squares.
@@ -13,6 +16,15 @@ def l2_normalize(x, axis):
     """`x / sqrt(max(Σ x², ε))` along `axis` (MindSpore's `L2Normalize`)."""
     squares = ops.sum(ops.square(x), axis=axis, keepdims=True)
     return x * ops.rsqrt(ops.maximum(squares, EPSILON))
+
+
+def full_norm_outputs(inputs, kernel, multiplier, activation):
+    """`activation(multiplier · x̂ @ Ŵ)` (see `FullNorm`)."""
+    cosines = ops.matmul(
+        l2_normalize(inputs, axis=-1), l2_normalize(kernel, axis=0)
+    )
+    outputs = ops.cast(multiplier, cosines.dtype) * cosines
+    return outputs if activation is None else activation(outputs)
 
 
 @keras_thor_export
@@ -74,13 +86,9 @@ class FullNorm(keras.layers.Layer):
         )
 
     def call(self, inputs):
-        cosines = ops.matmul(
-            l2_normalize(inputs, axis=-1), l2_normalize(self.kernel, axis=0)
+        return full_norm_outputs(
+            inputs, self.kernel, self.multiplier, self.activation
         )
-        outputs = ops.cast(self.multiplier, cosines.dtype) * cosines
-        if self.activation is not None:
-            outputs = self.activation(outputs)
-        return outputs
 
     def compute_output_shape(self, input_shape):
         return (*input_shape[:-1], self.units)
@@ -95,3 +103,48 @@ class FullNorm(keras.layers.Layer):
             ),
         )
         return config
+
+
+# The attribute of a `Dense` made a `FullNorm` head in place: the layer that
+# holds the multiplier (saved with the `Dense`, under this name).
+HEAD_MULTIPLIER = "full_norm_multiplier"
+
+
+class _Multiplier(keras.layers.Layer):
+    """The scalar multiplier of a `Dense` made a `FullNorm` head."""
+
+    def build(self, input_shape=None):
+        self.multiplier = self.add_weight(
+            name="multiplier", shape=(), initializer="ones"
+        )
+
+
+def _head_call(layer, inputs, training=None):
+    multiplier = getattr(layer, HEAD_MULTIPLIER).multiplier
+    return full_norm_outputs(inputs, layer.kernel, multiplier, layer.activation)
+
+
+def is_full_norm_head(layer):
+    """Whether `layer` computes a `FullNorm`: one, or a `Dense` that
+    `make_full_norm_head` made one."""
+    return isinstance(layer, FullNorm) or isinstance(
+        getattr(layer, HEAD_MULTIPLIER, None), _Multiplier
+    )
+
+
+def make_full_norm_head(dense):
+    """Makes the built `keras.layers.Dense` `dense` compute a `FullNorm`
+    in place, with its kernel: it gets a trainable multiplier (1.0, held by
+    a sublayer saved with it), its bias is set to zero and frozen (the
+    head has none), and its `call` becomes `FullNorm`'s. Its class,
+    config and saved variables stay a `Dense`'s, so its model saves and
+    loads as before. Making a head twice changes nothing."""
+    if is_full_norm_head(dense):
+        return
+    multiplier = _Multiplier(name=f"{dense.name}_multiplier")
+    multiplier.build()
+    keras_internals.add_sublayer(dense, HEAD_MULTIPLIER, multiplier)
+    if dense.bias is not None:
+        dense.bias.assign(ops.zeros(dense.bias.shape, dense.bias.dtype))
+        dense.bias.trainable = False
+    object.__setattr__(dense, "call", types.MethodType(_head_call, dense))

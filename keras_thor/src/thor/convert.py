@@ -6,14 +6,15 @@ import warnings
 import keras
 
 from keras_thor.src.api_export import keras_thor_export
-from keras_thor.src.thor.attached import attach_thor_training
-from keras_thor.src.thor.attached import detach_thor_training
+from keras_thor.src.distribute.attached_training import attach
+from keras_thor.src.distribute.attached_training import detach
 from keras_thor.src.thor.coverage import curvature_coverage
 from keras_thor.src.thor.coverage import supported_layer_names
 from keras_thor.src.thor.curvature import SUPPORTED
 from keras_thor.src.thor.curvature import attach_curvature
 from keras_thor.src.thor.curvature import detach_curvature
 from keras_thor.src.thor.curvature import model_layers
+from keras_thor.src.thor.fit_hooks import THOR_ATTACHED
 from keras_thor.src.utils.rebuild import KERAS_FUNCTIONAL
 from keras_thor.src.utils.rebuild import KERAS_SEQUENTIAL
 from keras_thor.src.utils.rebuild import check_rewritable
@@ -198,7 +199,7 @@ def convert(model, report=True):
         raise _no_curvature_error(model)
     attach_curvature(model)
     if not isinstance(model, ThorTrainer):
-        attach_thor_training(model)
+        attach(model, THOR_ATTACHED)
     if report:
         _report(coverage)
     else:
@@ -247,7 +248,7 @@ def to_keras_model(model):
 
     _check_model(model)
     if not isinstance(model, ThorTrainer):
-        detach_thor_training(model)
+        detach(model, THOR_ATTACHED)
         detach_curvature(model)
         return model
     check_rewritable(

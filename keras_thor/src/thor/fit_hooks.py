@@ -1,12 +1,14 @@
 """What Keras's `compile` and `fit` call on a model THOR trains.
 
 Shared by the model classes (`ThorTrainer`) and by models converted in
-place (`attached`): the checks `compile` makes, the train function `fit`
-runs, and the read of THOR's skipped updates when `fit` returns.
+place (`THOR_ATTACHED`, an `AttachedTraining`): the checks `compile`
+makes, the train function `fit` runs, and the read of THOR's skipped
+updates when `fit` returns.
 """
 
 import keras
 
+from keras_thor.src.distribute.attached_training import AttachedTraining
 from keras_thor.src.distribute.own_training import OwnTraining
 from keras_thor.src.distribute.own_training import own_train_function
 from keras_thor.src.thor.curvature import require_curvature
@@ -55,8 +57,15 @@ def check_compile(optimizer):
 def make_train_function(model, force, keras_make):
     """THOR's train function for `model` when it is compiled with THOR,
     else `keras_make(force=force)` (Keras's own)."""
+    function = thor_train_function_of(model, force)
+    return keras_make(force=force) if function is None else function
+
+
+def thor_train_function_of(model, force):
+    """THOR's train function for `model` when it is compiled with THOR,
+    else `None`."""
     if thor_optimizer_of(model.optimizer) is None:
-        return keras_make(force=force)
+        return None
     check_distribution()
     if model.built:
         require_curvature(model)
@@ -73,3 +82,22 @@ def after_fit(model):
     `steps_per_epoch` never reach an end of data (one host read)."""
     if isinstance(model.train_function, ThorVariants):
         model.train_function.check_skipped_updates()
+
+
+class _ThorAttached(AttachedTraining):
+    """THOR's hooks on a model converted in place."""
+
+    def check_compile(self, model, optimizer):
+        check_compile(optimizer)
+
+    def train_function(self, model, force):
+        return thor_train_function_of(model, force)
+
+    def build_config(self, model):
+        return True
+
+    def after_fit(self, model):
+        after_fit(model)
+
+
+THOR_ATTACHED = _ThorAttached("thor")

@@ -1,8 +1,9 @@
 """Rebuilding a Sequential or Functional model from its config.
 
-`convert_to_thor_model`, `to_keras_model`, `to_boost_model` and `LessBN`
-all serialize a model, change its config (the model class, some layer
-configs) and build the result with the original weights.
+`to_keras_model` serializes a `ThorSequential`/`ThorFunctional` (of
+`ThorModel(inputs, outputs)` or of an earlier keras_thor's file), changes
+its config (the model class, earlier versions' layer classes) and builds
+the result with the original weights. Every other conversion is in place.
 """
 
 import types
@@ -22,15 +23,6 @@ KERAS_SEQUENTIAL = {
     "class_name": "Sequential",
     "registered_name": None,
 }
-
-
-def registered_class(cls):
-    """The config entries of a class registered with keras_thor."""
-    return {
-        "module": None,
-        "class_name": cls.__name__,
-        "registered_name": keras.saving.get_registered_name(cls),
-    }
 
 
 def check_rewritable(model, function, subclass_hint):
