@@ -1,7 +1,7 @@
 """Users' unregistered layers and `Lambda` layers: converted in place
-(`convert_to_thor_model`), THOR training, `.keras` files, and through the
-rebuilds that remain (`to_keras_model` of keras_thor's model classes,
-`to_boost_model`) with their one-line refusals."""
+(`convert_to_thor_model`, `to_boost_model`), THOR training, `.keras`
+files, and through the rebuild that remains (`to_keras_model` of
+keras_thor's model classes) with its one-line refusals."""
 
 import keras
 import numpy as np
@@ -130,21 +130,19 @@ def test_convert_fit_save_and_load(kind, tmp_path):
         helpers.assert_same_training_state(loaded, converted)
 
 
-@pytest.mark.tf_only  # boost trains on TensorFlow
-def test_to_keras_model_and_boost_keep_custom_layers():
+def test_to_keras_model_rebuilds_custom_layers_and_boost_takes_them_as_is():
     model = _model("nested")
     x, _ = _data()
-    plain = keras_thor.to_keras_model(keras_thor.convert_to_thor_model(model))
-    boost = keras_thor.boost.to_boost_model(model)
-    assert isinstance(boost, keras_thor.models.BoostFunctional)
-    for rebuilt in (plain, boost):
-        layers = _custom_layers(rebuilt)
-        assert type(layers["mine"]) is MyDense
-        assert type(layers["scale"]) is Scale
-        np.testing.assert_allclose(
-            rebuilt.predict(x, verbose=0), model.predict(x, verbose=0)
-        )
+    expected = model.predict(x, verbose=0)
+    thor = keras_thor.models.ThorFunctional(model.inputs, model.outputs)
+    plain = keras_thor.to_keras_model(thor)
+    layers = _custom_layers(plain)
+    assert type(layers["mine"]) is MyDense
+    assert type(layers["scale"]) is Scale
+    np.testing.assert_allclose(plain.predict(x, verbose=0), expected)
     assert type(plain).__name__ == "Functional"
+    assert keras_thor.boost.to_boost_model(model) is model
+    np.testing.assert_array_equal(model.predict(x, verbose=0), expected)
 
 
 def test_lambda_keeps_its_function_and_mask():
@@ -196,8 +194,10 @@ class DefaultUnits(keras.layers.Dense):
 def _refusal(model):
     # Conversion takes the model as it is; a rebuild cannot.
     assert keras_thor.convert_to_thor_model(model) is model
+    assert keras_thor.boost.to_boost_model(model) is model
+    thor = keras_thor.models.ThorSequential([keras.Input((4,)), *model.layers])
     with pytest.raises(ValueError) as info:
-        keras_thor.boost.to_boost_model(model)
+        keras_thor.to_keras_model(thor)
     message = str(info.value)
     assert "\n" not in message
     return message

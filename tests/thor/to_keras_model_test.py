@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import keras_thor
+from keras_thor.src.layers.full_norm import is_full_norm_head
 from tests import helpers
 
 pytestmark = pytest.mark.thor_training
@@ -190,10 +191,7 @@ def test_subclassed_thor_model_and_boost_model_serve_through_export(
     boosted, optimizer, callbacks = boost.network_auto_process_train(
         base, keras.optimizers.SGD(0.05, momentum=0.9)
     )
-    assert any(
-        isinstance(layer, keras_thor.layers.FullNorm)
-        for layer in boosted.layers
-    )
+    assert boosted is base and is_full_norm_head(boosted.layers[-1])
     boosted.compile(optimizer=optimizer, loss="mse")
     boosted.fit(x, y, batch_size=4, verbose=0, callbacks=callbacks)
 

@@ -47,9 +47,8 @@ def keras_hub_families():
                                         head_dim=8), 0.9),
         "mistral": ("MistralBackbone", dict(decoder, intermediate_dim=32),
                     0.9),
-        # MixtralMoeExperts has no curvature rule yet.
         "mixtral": ("MixtralBackbone", dict(decoder, intermediate_dim=32,
-                                            num_experts=2, top_k=1), 0.5),
+                                            num_experts=2, top_k=1), 0.9),
         "t5": ("T5Backbone", dict(text, num_heads=2, intermediate_dim=32,
                                   key_value_dim=8), 0.9),
         "vit": ("ViTBackbone", dict(image_shape=(16, 16, 3), patch_size=8,

@@ -260,7 +260,8 @@ class BoostOptimizer(keras.optimizers.Optimizer):
                 "scaling run in the training step of a `keras_thor.boost` "
                 "model: pass your model through "
                 "`keras_thor.boost.AutoBoost(...).network_auto_process_train`"
-                " or `keras_thor.boost.to_boost_model`. Received: a "
+                " or `keras_thor.boost.to_boost_model`, and open a saved "
+                "one with `keras_thor.load_model`. Received: a "
                 "`BoostOptimizer` applied by another training step."
             )
         if trainable_variables is None:

@@ -215,6 +215,43 @@ class EinsumDenseKronecker(KroneckerBlock):
         return self.layout.kernel_from_matrix(matrices[0], self.kernel.shape)
 
 
+class ExpertsKronecker(KroneckerBlock):
+    """Batched expert kernels `(E, in, out)`, one Dense layer per expert
+    (keras-hub's `MixtralMoeExperts`): `A_e ⊗ G_e` for each expert `e`.
+
+    The experts run on every token and the router weights their outputs
+    afterwards, so the rows are the tokens, and an expert's output
+    gradients are zero at the tokens not routed to it. The inputs are
+    `(T, in)`, shared by the experts (the gate and up projections), or
+    `(E, T, in)`, each expert's own (the down projection); the output
+    gradients are `(E, T, out)`.
+    """
+
+    def __init__(self, layer, kernel):
+        experts, d_in, d_out = kernel.shape
+        super().__init__(layer, kernel, experts, d_in, d_out)
+
+    def statistics(self, inputs, sample_output_grads):
+        inputs = ops.cast(inputs, "float32")
+        grads = ops.cast(sample_output_grads, "float32")
+        if len(inputs.shape) == 2:
+            shared = ops.matmul(ops.transpose(inputs), inputs)
+            a_sums = ops.broadcast_to(
+                shared[None], (self.groups, self.a_dim, self.a_dim)
+            )
+        else:
+            a_sums = ops.einsum("eti,etj->eij", inputs, inputs)
+        g_sums = ops.einsum("eti,etj->eij", grads, grads)
+        return a_sums, g_sums, ops.cast(ops.shape(grads)[1], "float32"), 1.0
+
+    def rows_per_example(self, sample_output_grads):
+        # The tokens of all examples, flattened by the MoE block.
+        return None
+
+    def to_matrices(self, gradient):
+        return ops.reshape(gradient, (self.groups, self.a_dim, self.g_dim))
+
+
 class ConvKronecker(KroneckerBlock):
     """A 1-, 2- or 3-D convolution, grouped or depthwise.
 

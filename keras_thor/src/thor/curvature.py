@@ -31,6 +31,7 @@ from keras_thor.src.thor.blocks import ConvKronecker
 from keras_thor.src.thor.blocks import DenseKronecker
 from keras_thor.src.thor.blocks import EinsumDenseKronecker
 from keras_thor.src.thor.blocks import EmbeddingKronecker
+from keras_thor.src.thor.blocks import ExpertsKronecker
 from keras_thor.src.thor.blocks import KroneckerBlock
 from keras_thor.src.thor.blocks import NormalizationDiagonal
 from keras_thor.src.thor.blocks import TiedEmbeddingKronecker
@@ -38,6 +39,12 @@ from keras_thor.src.thor.einsum_layout import UnsupportedEinsumError
 from keras_thor.src.thor.einsum_layout import einsum_layout
 from keras_thor.src.thor.joint_bias import JOINABLE
 from keras_thor.src.thor.joint_bias import JointBiasKronecker
+from keras_thor.src.thor.keras_hub_layers import KNOWN_FIRST_ORDER
+from keras_thor.src.thor.keras_hub_layers import experts_call
+from keras_thor.src.thor.keras_hub_layers import experts_kernels
+from keras_thor.src.thor.keras_hub_layers import is_rms_normalization
+from keras_thor.src.thor.keras_hub_layers import package_and_name
+from keras_thor.src.thor.keras_hub_layers import position_call
 
 _PRECONDITIONER = "_keras_thor_preconditioner"
 _CURVATURE = "_keras_thor_curvature"
@@ -60,50 +67,6 @@ PLAIN_BY_RULE = (
     keras.layers.BatchNormalization,
     keras.layers.GroupNormalization,
 )
-# keras-hub's families' own RMS normalizations (scale only; they share no
-# base class), by package and class name: LayerNormalization's diagonal
-# rule on their scale, as on `keras.layers.RMSNormalization`'s.
-RMS_NORMALIZATIONS = {
-    ("keras_hub", "LlamaLayerNorm"),
-    ("keras_hub", "MistralLayerNormalization"),
-    ("keras_hub", "MixtralLayerNormalization"),
-    ("keras_hub", "RMSNormalization"),
-    ("keras_hub", "T5LayerNorm"),
-    ("keras_hub", "QwenLayerNorm"),
-    ("keras_hub", "QwenMoeLayerNorm"),
-    ("keras_hub", "Qwen3LayerNorm"),
-    ("keras_hub", "Qwen3MoeLayerNorm"),
-    ("keras_hub", "Phi3LayerNorm"),
-    ("keras_hub", "Gemma3nRMSNorm"),
-    ("keras_hub", "GptOssLayerNormalization"),
-}
-# Why keras-hub's other layers with weights of their own stay first-order.
-KNOWN_FIRST_ORDER = {
-    ("keras_hub", "MixtralMoeExperts"): (
-        "expert kernels applied to the tokens routed to them; no curvature "
-        "rule yet"
-    ),
-    ("keras_hub", "ViTPatchingAndEmbedding"): (
-        "its class token (its patch convolution and position table are "
-        "sublayers, with curvature); no curvature rule yet"
-    ),
-    ("keras_hub", "T5MultiHeadAttention"): (
-        "its relative attention bias table; no curvature rule yet (its "
-        "projections are Dense layers, with curvature)"
-    ),
-}
-
-
-def _package_and_name(layer):
-    cls = type(layer)
-    return cls.__module__.split(".")[0], cls.__name__
-
-
-def _is_rms_normalization(layer):
-    return (
-        type(layer) is keras.layers.RMSNormalization
-        or _package_and_name(layer) in RMS_NORMALIZATIONS
-    )
 
 
 class LayerCurvature:
@@ -318,32 +281,20 @@ def _blocks(layer):
         table = _trainable_variable(layer.embeddings, "table")
         block = EmbeddingKronecker(layer, table)
         return [block], functools.partial(_record_outputs, block=block)
-    if _package_and_name(layer) == ("keras_hub", "PositionEmbedding"):
+    if package_and_name(layer) == ("keras_hub", "PositionEmbedding"):
         table = _trainable_variable(layer.position_embeddings, "table")
         block = EmbeddingKronecker(layer, table)
-        return [block], functools.partial(_position_call, block=block)
+        return [block], functools.partial(position_call, block=block)
+    if package_and_name(layer) == ("keras_hub", "MixtralMoeExperts"):
+        kernels = experts_kernels(layer)
+        blocks = {
+            name: ExpertsKronecker(layer, _trainable_variable(kernel, name))
+            for name, kernel in kernels.items()
+        }
+        return list(blocks.values()), functools.partial(
+            experts_call, blocks=blocks
+        )
     raise _Unsupported("no curvature rule for its class")
-
-
-def _position_call(layer, args, kwargs, capture_, block):
-    """keras-hub's `PositionEmbedding`: an Embedding whose ids are the
-    positions (`positions`, else `start_index` onwards along the sequence
-    axis, the same for every example)."""
-    outputs = type(layer).call(layer, *args, **kwargs)
-    if not capture_.wants(block):
-        return outputs
-    positions = kwargs.get("positions", args[2] if len(args) > 2 else None)
-    if positions is None:
-        start = kwargs.get("start_index", args[1] if len(args) > 1 else 0)
-        shape = ops.shape(capture.call_inputs(args, kwargs))
-        positions = ops.arange(shape[-2], dtype="int32") + start
-    # One id per output row (keras-hub broadcasts unbatched positions).
-    positions = ops.broadcast_to(
-        ops.cast(positions, "int32"), ops.shape(outputs)[:-1]
-    )
-    outputs = capture_.tap(outputs)
-    capture_.record(block, positions, outputs)
-    return outputs
 
 
 def _reversible_call(layer, args, kwargs, capture_, lookup, head):
@@ -418,14 +369,14 @@ def layer_curvature(layer):
         curvature = LayerCurvature(layer, preconditioners)
         if not preconditioners:
             curvature.reason = "no scale or offset"
-    elif _is_rms_normalization(layer):
+    elif is_rms_normalization(layer):
         rule = NormalizationDiagonal(layer)
         curvature = LayerCurvature(
             layer, {v.path: rule for v in own_trainable_variables(layer)}
         )
-    elif _package_and_name(layer) in KNOWN_FIRST_ORDER:
+    elif package_and_name(layer) in KNOWN_FIRST_ORDER:
         curvature = LayerCurvature(
-            layer, {}, KNOWN_FIRST_ORDER[_package_and_name(layer)]
+            layer, {}, KNOWN_FIRST_ORDER[package_and_name(layer)]
         )
     else:
         try:
