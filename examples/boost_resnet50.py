@@ -5,7 +5,7 @@ MindSpore's ResNet-50 boost recipe trains with `boost_level="O1"` and
 the same configuration goes through `keras_thor.boost.AutoBoost` onto
 `keras.applications.ResNet50(weights=None)` at 32x32 inputs (ten classes of
 synthetic images, generated here; nothing is downloaded). Prints what O1
-changed (batch normalizations removed, the FullNorm head, centralized
+changed (batch normalizations bypassed, the FullNorm head, centralized
 kernels, the freezing groups) and trains O0 and O1 for the same steps from
 the same weights, printing each one's loss and images per second.
 
@@ -85,14 +85,18 @@ def train(level, weights, x, y, args):
 
 
 def describe(model, optimizer):
-    batch_norms = sum(
-        isinstance(layer, keras.layers.BatchNormalization)
+    # LessBN changes the model in place: a bypassed BatchNormalization is
+    # frozen, and the head `Dense` holds the FullNorm multiplier.
+    running = sum(
+        isinstance(layer, keras.layers.BatchNormalization) and layer.trainable
         for layer in model.layers
     )
+    head = model.get_layer("predictions")
     freeze = optimizer.grad_freeze
     groups = freeze.split_parameters_groups(model)
-    print(f"O1: {batch_norms} of ResNet-50's 53 BatchNormalization layers left")
-    print(f"    head: {type(model.get_layer('predictions')).__name__}")
+    print(f"O1: {running} of ResNet-50's 53 BatchNormalization layers run")
+    full_norm = hasattr(head, "full_norm_multiplier")
+    print(f"    head: {'FullNorm' if full_norm else type(head).__name__}")
     print(
         f"    {len(optimizer.centralized_variables)} kernels with centralized "
         "gradients"
