@@ -172,6 +172,9 @@ def test_keras_hubcausal_lm_trains_saves_and_resumes_with_thor(tmp_path):
     assert isinstance(resumed.optimizer, keras.optimizers.Adam)
 
 
+# On JAX, THOR's BackupAndRestore resumes in tests/saved_state_test.py;
+# here three keras-hub models compile THOR's steps (2.5 min on JAX).
+@pytest.mark.tf_only
 @thor_trains
 def test_keras_hubcausal_lm_resumes_from_backup_and_restore(tmp_path):
     def fit(model, epochs, callbacks):

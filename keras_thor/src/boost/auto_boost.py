@@ -104,7 +104,7 @@ def _check_not_built(optimizer):
     if getattr(optimizer, "built", False):
         raise ValueError(
             "Argument `optimizer` must not be built yet: boost builds it "
-            "on the rewritten model's variables. Received: a built "
+            "on the variables the changed model trains. Received: a built "
             f"{type(optimizer).__name__}"
         )
 

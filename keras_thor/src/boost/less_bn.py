@@ -146,9 +146,8 @@ def _passed_through(layer, inputs, training=None, mask=None):
 
 def is_bypassed(layer):
     """Whether `LessBN` bypassed the BatchNormalization `layer`."""
-    return layer.__dict__.get("call") is not None and (
-        layer.__dict__["call"].__func__ is _passed_through
-    )
+    call = layer.__dict__.get("call")
+    return getattr(call, "__func__", None) is _passed_through
 
 
 def bypass_batch_normalization(layer):
